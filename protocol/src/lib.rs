@@ -1,0 +1,11 @@
+//! Wire types and pure logic shared by the relay and the agent.
+//!
+//! Nothing in this crate performs I/O: it parses, validates, renders and
+//! signs. Keeping it pure is what lets the relay and the agent share one
+//! definition of every rule (and lets fuzzers drive it directly).
+
+pub mod host;
+pub mod kinds;
+pub mod message;
+
+pub use nostr;

@@ -1,0 +1,254 @@
+//! Relay configuration: defaults, then a TOML file, then `RELAY_*`
+//! environment variables, then command-line flags (each layer overrides the
+//! previous one). Every limit the relay enforces lives here, with its unit in
+//! its name, and is advertised in NIP-11.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+/// The whole relay configuration.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Address the HTTP/WebSocket server listens on.
+    pub listen: SocketAddr,
+    /// `sqlite://path` (embedded, default) or `postgres://…`.
+    pub database_url: String,
+    /// Log filter in `RUST_LOG` syntax.
+    pub log: String,
+    /// Name published in NIP-11.
+    pub name: String,
+    /// Description published in NIP-11.
+    pub description: String,
+    /// Kinds delivered only to connections authenticated as a `p` of the event.
+    pub p_gated_kinds: Vec<u16>,
+    /// The community created on first start when it does not exist yet.
+    pub default_community: DefaultCommunity,
+    /// Protocol limits.
+    pub limits: Limits,
+    /// Embedded SQLite settings.
+    pub sqlite: SqliteConfig,
+    /// PostgreSQL settings.
+    pub postgres: PostgresConfig,
+    /// How long a graceful shutdown waits for connections to close.
+    pub shutdown_grace_ms: u64,
+    /// How often expired (NIP-40) events are purged.
+    pub expiry_sweep_interval_secs: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7777)),
+            database_url: "sqlite://relay.db".into(),
+            log: "info".into(),
+            name: "nostr relay with durable agent delivery".into(),
+            description: "Multi-community Nostr relay with workflows and managed-agent delivery.".into(),
+            p_gated_kinds: vec![protocol::kinds::WAKE_HINT],
+            default_community: DefaultCommunity::default(),
+            limits: Limits::default(),
+            sqlite: SqliteConfig::default(),
+            postgres: PostgresConfig::default(),
+            shutdown_grace_ms: 5_000,
+            expiry_sweep_interval_secs: 60,
+        }
+    }
+}
+
+/// The community served with no setup.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DefaultCommunity {
+    /// Create it on start when missing.
+    pub enabled: bool,
+    /// Its id.
+    pub id: String,
+    /// Hosts bound to it (a host without a port matches any port).
+    pub hosts: Vec<String>,
+    /// Its public relay URL (its scheme is the one NIP-42 and NIP-98 expect).
+    pub relay_url: String,
+}
+
+impl Default for DefaultCommunity {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            id: "default".into(),
+            hosts: vec!["localhost".into(), "127.0.0.1".into()],
+            relay_url: "ws://127.0.0.1:7777".into(),
+        }
+    }
+}
+
+/// Protocol limits. All are per connection unless the name says otherwise.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Largest WebSocket message answered with an error rather than a close.
+    /// Messages up to twice this size get a NOTICE; larger ones close the
+    /// connection with status 1009.
+    pub max_message_bytes: usize,
+    /// Largest serialised event.
+    pub max_event_bytes: usize,
+    /// Most tags in one event.
+    pub max_tags_per_event: usize,
+    /// Longest value (any element) of one tag.
+    pub max_tag_value_bytes: usize,
+    /// Most open subscriptions on one connection.
+    pub max_subscriptions: usize,
+    /// Most filters in one REQ or COUNT.
+    pub max_filters: usize,
+    /// Most values in one filter field (`ids`, `authors`, `kinds`, each `#x`).
+    pub max_filter_values: usize,
+    /// Largest `limit` honoured; larger ones (and a missing `limit`) are clamped.
+    pub max_limit: usize,
+    /// Sustained EVENT messages per second.
+    pub events_per_second: u32,
+    /// Burst of EVENT messages allowed above the sustained rate.
+    pub events_burst: u32,
+    /// Bytes queued for a connection before it is disconnected as a slow reader.
+    pub max_outbound_bytes: usize,
+    /// How far in the future `created_at` may be.
+    pub max_future_secs: u64,
+    /// How old a NIP-42 AUTH event may be.
+    pub auth_max_age_secs: u64,
+    /// Events buffered per community for live fan-out; a connection that
+    /// falls this far behind is disconnected (it could not be served in order).
+    pub fanout_buffer_events: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_message_bytes: 256 * 1024,
+            max_event_bytes: 128 * 1024,
+            max_tags_per_event: 2_000,
+            max_tag_value_bytes: 1_024,
+            max_subscriptions: 64,
+            max_filters: 16,
+            max_filter_values: 1_000,
+            max_limit: 1_000,
+            events_per_second: 100,
+            events_burst: 200,
+            max_outbound_bytes: 8 * 1024 * 1024,
+            max_future_secs: 900,
+            auth_max_age_secs: 600,
+            fanout_buffer_events: 16_384,
+        }
+    }
+}
+
+/// Embedded SQLite settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SqliteConfig {
+    /// How long a writer waits for the database lock.
+    pub busy_timeout_ms: u64,
+    /// `normal` (durable across process crashes, the default) or `full`
+    /// (also across power loss, at a cost in write latency).
+    pub synchronous: String,
+    /// Connections in the pool (one writer at a time, WAL readers alongside).
+    pub pool_size: u32,
+}
+
+impl Default for SqliteConfig {
+    fn default() -> Self {
+        Self {
+            busy_timeout_ms: 5_000,
+            synchronous: "normal".into(),
+            pool_size: 8,
+        }
+    }
+}
+
+/// PostgreSQL settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PostgresConfig {
+    /// Connections per relay process.
+    pub pool_size: u32,
+    /// How long a request waits for a connection before answering `error:`.
+    pub acquire_timeout_ms: u64,
+    /// Server-side limit on any one statement.
+    pub statement_timeout_ms: u64,
+    /// Monthly event partitions kept ready ahead of the current month.
+    pub partition_months_ahead: u32,
+    /// How often partition maintenance runs.
+    pub maintenance_interval_secs: u64,
+}
+
+impl Default for PostgresConfig {
+    fn default() -> Self {
+        Self {
+            pool_size: 16,
+            acquire_timeout_ms: 3_000,
+            statement_timeout_ms: 10_000,
+            partition_months_ahead: 3,
+            maintenance_interval_secs: 6 * 3600,
+        }
+    }
+}
+
+/// Values given on the command line; `None` means "not given".
+#[derive(Debug, Default, Serialize)]
+pub struct Overrides {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub database_url: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log: Option<String>,
+}
+
+impl Config {
+    /// Loads defaults < file < `RELAY_*` env (nested keys with `__`, e.g.
+    /// `RELAY_LIMITS__MAX_LIMIT=50`) < flags.
+    pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Self, Box<figment::Error>> {
+        let mut fig = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = file {
+            fig = fig.merge(Toml::file_exact(path));
+        }
+        fig = fig
+            .merge(Env::prefixed("RELAY_").split("__").ignore(&["config"]))
+            .merge(Serialized::defaults(overrides));
+        let cfg: Config = fig.extract().map_err(Box::new)?;
+        cfg.validate().map_err(|m| Box::new(figment::Error::from(m)))?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let l = &self.limits;
+        for (name, v) in [
+            ("max_message_bytes", l.max_message_bytes),
+            ("max_event_bytes", l.max_event_bytes),
+            ("max_tag_value_bytes", l.max_tag_value_bytes),
+            ("max_subscriptions", l.max_subscriptions),
+            ("max_filters", l.max_filters),
+            ("max_filter_values", l.max_filter_values),
+            ("max_limit", l.max_limit),
+            ("max_outbound_bytes", l.max_outbound_bytes),
+            ("fanout_buffer_events", l.fanout_buffer_events),
+        ] {
+            if v == 0 {
+                return Err(format!("limits.{name} must be greater than 0"));
+            }
+        }
+        if l.events_per_second == 0 || l.events_burst == 0 {
+            return Err("limits.events_per_second and limits.events_burst must be > 0".into());
+        }
+        if !matches!(self.sqlite.synchronous.as_str(), "normal" | "full") {
+            return Err("sqlite.synchronous must be \"normal\" or \"full\"".into());
+        }
+        if self.postgres.pool_size < 2 {
+            return Err("postgres.pool_size must be at least 2".into());
+        }
+        if self.sqlite.pool_size < 2 {
+            return Err("sqlite.pool_size must be at least 2".into());
+        }
+        Ok(())
+    }
+}

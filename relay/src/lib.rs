@@ -1,0 +1,15 @@
+//! The relay: a multi-community Nostr relay with durable agent delivery.
+//!
+//! See `docs/ARCHITECTURE.md` for the map of modules and their invariants.
+
+pub mod community;
+pub mod config;
+pub mod http;
+pub mod hub;
+pub mod outbound;
+pub mod ratelimit;
+pub mod server;
+pub mod state;
+pub mod store;
+pub mod verify;
+pub mod ws;

@@ -1,0 +1,114 @@
+//! `relay` command line: serve (the default), and community management.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use relay::config::{Config, Overrides};
+
+#[derive(Parser)]
+#[command(name = "relay", version, about = "Nostr relay with durable agent delivery")]
+struct Cli {
+    /// TOML configuration file.
+    #[arg(long, env = "RELAY_CONFIG", global = true)]
+    config: Option<PathBuf>,
+    /// Listen address (overrides `listen`).
+    #[arg(long, global = true)]
+    listen: Option<SocketAddr>,
+    /// Database URL, `sqlite://path` or `postgres://…` (overrides `database_url`).
+    #[arg(long, global = true)]
+    database_url: Option<String>,
+    /// Log filter (overrides `log`).
+    #[arg(long, global = true)]
+    log: Option<String>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve clients (the default when no command is given).
+    Serve,
+    /// Manage communities (tenants).
+    Community {
+        #[command(subcommand)]
+        command: CommunityCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum CommunityCommand {
+    /// Create a community with a fresh signing key.
+    Add {
+        /// Community id, `[a-z0-9_-]{1,64}`.
+        #[arg(long)]
+        id: String,
+        /// Host bound to the community (repeat for several). A host without a
+        /// port matches any port.
+        #[arg(long = "host", required = true)]
+        hosts: Vec<String>,
+        /// Public relay URL (`ws://…` or `wss://…`).
+        #[arg(long)]
+        url: String,
+    },
+    /// List communities: id, public key, relay URL, hosts (tab separated).
+    List,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let overrides = Overrides {
+        listen: cli.listen,
+        database_url: cli.database_url,
+        log: cli.log,
+    };
+    let cfg =
+        Config::load(cli.config.as_deref(), &overrides).map_err(|e| anyhow::anyhow!("configuration: {e}"))?;
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&cfg.log).unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        match cli.command.unwrap_or(Command::Serve) {
+            Command::Serve => relay::server::serve(cfg).await,
+            Command::Community { command } => community(cfg, command).await,
+        }
+    })
+}
+
+async fn community(cfg: Config, command: CommunityCommand) -> anyhow::Result<()> {
+    let store = relay::store::open(&cfg).await.context("opening the database")?;
+    let result = match command {
+        CommunityCommand::Add { id, hosts, url } => {
+            let record = relay::community::new_record(&id, &url, &hosts).map_err(anyhow::Error::msg)?;
+            store.add_community(&record).await?;
+            let keys = nostr::prelude::Keys::parse(&record.secret_key_hex)?;
+            println!(
+                "{}\t{}\t{}\t{}",
+                record.id,
+                keys.public_key().to_hex(),
+                record.relay_url,
+                record.hosts.join(",")
+            );
+            Ok(())
+        }
+        CommunityCommand::List => {
+            for c in store.list_communities().await? {
+                let keys = nostr::prelude::Keys::parse(&c.secret_key_hex)?;
+                println!(
+                    "{}\t{}\t{}\t{}",
+                    c.id,
+                    keys.public_key().to_hex(),
+                    c.relay_url,
+                    c.hosts.join(",")
+                );
+            }
+            Ok(())
+        }
+    };
+    store.close().await;
+    result
+}

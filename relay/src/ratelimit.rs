@@ -1,0 +1,66 @@
+//! A token bucket: `rate_per_sec` sustained, `burst` at most at once.
+
+use std::time::Instant;
+
+/// Token bucket for one connection.
+#[derive(Debug)]
+pub struct TokenBucket {
+    rate_per_sec: f64,
+    burst: f64,
+    tokens: f64,
+    last: Instant,
+}
+
+impl TokenBucket {
+    pub fn new(rate_per_sec: u32, burst: u32) -> Self {
+        assert!(rate_per_sec > 0 && burst > 0);
+        Self {
+            rate_per_sec: f64::from(rate_per_sec),
+            burst: f64::from(burst),
+            tokens: f64::from(burst),
+            last: Instant::now(),
+        }
+    }
+
+    /// Takes one token if available.
+    pub fn try_take(&mut self) -> bool {
+        self.try_take_at(Instant::now())
+    }
+
+    fn try_take_at(&mut self, now: Instant) -> bool {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        self.last = now;
+        self.tokens = (self.tokens + elapsed * self.rate_per_sec).min(self.burst);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn burst_then_rate() {
+        let t0 = Instant::now();
+        let mut b = TokenBucket::new(10, 3);
+        b.last = t0;
+        assert!(b.try_take_at(t0));
+        assert!(b.try_take_at(t0));
+        assert!(b.try_take_at(t0));
+        assert!(!b.try_take_at(t0));
+        assert!(b.try_take_at(t0 + Duration::from_millis(100)));
+        assert!(!b.try_take_at(t0 + Duration::from_millis(100)));
+        // Never more than the burst, however long it waited.
+        let later = t0 + Duration::from_secs(60);
+        for _ in 0..3 {
+            assert!(b.try_take_at(later));
+        }
+        assert!(!b.try_take_at(later));
+    }
+}

@@ -1,0 +1,127 @@
+//! Process life cycle: open storage, ensure the default community, serve,
+//! and shut down gracefully (stop accepting, let connections finish and
+//! close, flush storage).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::config::Config;
+use crate::state::{unix_now, AppState};
+use crate::store::{self, StoreError};
+
+/// Creates the default community on first start (zero-config).
+pub async fn ensure_default_community(cfg: &Config, store: &dyn store::Store) -> anyhow::Result<()> {
+    let d = &cfg.default_community;
+    if !d.enabled {
+        return Ok(());
+    }
+    if store.list_communities().await?.iter().any(|c| c.id == d.id) {
+        return Ok(());
+    }
+    let record = crate::community::new_record(&d.id, &d.relay_url, &d.hosts).map_err(anyhow::Error::msg)?;
+    match store.add_community(&record).await {
+        // Another process created it at the same moment: fine.
+        Ok(()) | Err(StoreError::Conflict(_)) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Runs the relay until SIGTERM/SIGINT.
+pub async fn serve(cfg: Config) -> anyhow::Result<()> {
+    let store = store::open(&cfg).await.context("opening the database")?;
+    ensure_default_community(&cfg, store.as_ref()).await?;
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("binding {}", cfg.listen))?;
+    let local = listener.local_addr()?;
+    let grace = Duration::from_millis(cfg.shutdown_grace_ms);
+    let sweep_every = Duration::from_secs(cfg.expiry_sweep_interval_secs.max(1));
+    let state = Arc::new(AppState::new(cfg, store.clone()));
+
+    // One machine-readable line on stdout: tests and scripts read the port from it.
+    println!("relay listening on {local} backend={}", store.backend());
+    tracing::info!(%local, backend = store.backend(), "relay listening");
+
+    spawn_signal_handler(state.clone());
+    let mut background = vec![
+        tokio::spawn(expiry_sweeper(state.clone(), sweep_every)),
+        tokio::spawn(maintenance(state.clone())),
+    ];
+    if let Some(remote) = store
+        .subscribe_remote(state.cfg.limits.fanout_buffer_events)
+        .await?
+    {
+        background.push(tokio::spawn(forward_remote(state.clone(), remote)));
+    }
+
+    let app = crate::http::router(state.clone());
+    let shutdown = state.shutdown.clone();
+    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+        .context("serving")?;
+
+    state.tracker.close();
+    if tokio::time::timeout(grace, state.tracker.wait()).await.is_err() {
+        tracing::warn!("connections still open after the shutdown grace period; closing anyway");
+    }
+    for task in background {
+        task.abort();
+    }
+    store.close().await;
+    tracing::info!("relay stopped");
+    Ok(())
+}
+
+fn spawn_signal_handler(state: Arc<AppState>) {
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+        else {
+            tracing::error!("cannot install signal handlers");
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+        state.shutdown.cancel();
+    });
+}
+
+async fn expiry_sweeper(state: Arc<AppState>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        match state.store.purge_expired(unix_now()).await {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(purged = n, "expired events purged"),
+            Err(e) => tracing::warn!(error = %e, "expiry sweep failed"),
+        }
+    }
+}
+
+async fn maintenance(state: Arc<AppState>) {
+    let every = Duration::from_secs(state.cfg.postgres.maintenance_interval_secs.max(60));
+    let mut tick = tokio::time::interval(every);
+    tick.tick().await; // the store did it on open
+    loop {
+        tick.tick().await;
+        if let Err(e) = state.store.maintain(unix_now()).await {
+            tracing::warn!(error = %e, "storage maintenance failed");
+        }
+    }
+}
+
+/// Feeds events accepted by other relay processes into the local hub.
+async fn forward_remote(state: Arc<AppState>, mut remote: tokio::sync::mpsc::Receiver<store::RemoteEvent>) {
+    while let Some(r) = remote.recv().await {
+        match nostr::prelude::Event::from_json(&r.raw) {
+            Ok(event) => state.hub.publish(&r.community, Arc::new(event), Arc::from(r.raw)),
+            Err(e) => tracing::warn!(error = %e, "undecodable event from another relay process"),
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! Storage: the one trait both backends implement, and the types that cross it.
+//!
+//! The relay talks to storage only through [`Store`]. The SQLite backend
+//! (embedded, the default) and the PostgreSQL backend (several relay processes
+//! on one database) implement it with the same observable behaviour, and the
+//! integration suite runs unchanged against both.
+//!
+//! Invariants every backend keeps:
+//! - every row is scoped by `community_id`, and every key includes it;
+//! - an event acknowledged with `OK true` is committed before the answer;
+//! - replaceable/addressable/deletion rules are decided inside the same
+//!   transaction that writes, so concurrent writers cannot both win.
+
+pub mod postgres;
+pub mod sql;
+pub mod sqlite;
+
+use async_trait::async_trait;
+use nostr::prelude::{Event, Filter, PublicKey};
+use tokio::sync::mpsc;
+
+/// A community as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommunityRecord {
+    /// Operator-chosen id (`[a-z0-9_-]{1,64}`).
+    pub id: String,
+    /// Public relay URL (`ws://` or `wss://`).
+    pub relay_url: String,
+    /// Hex secret key the relay signs this community's events with.
+    pub secret_key_hex: String,
+    /// Normalised hosts bound to the community.
+    pub hosts: Vec<String>,
+}
+
+/// What happened to an event offered for storage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InsertOutcome {
+    /// Newly committed.
+    Stored,
+    /// Already stored (same id in the same community); nothing changed.
+    Duplicate,
+    /// Refused by a storage rule; the text is the full machine-readable
+    /// answer (`prefix: reason`).
+    Rejected(String),
+}
+
+/// Who is reading, for read-side access rules.
+#[derive(Debug, Clone)]
+pub struct ReadScope {
+    /// NIP-42 authenticated pubkey of the reader, if any.
+    pub viewer: Option<PublicKey>,
+    /// Kinds served only to a reader named in the event's `p` tags.
+    pub gated_kinds: Vec<u16>,
+    /// Unix seconds used for NIP-40 expiry.
+    pub now: u64,
+}
+
+/// One event read back, newest-first order is the caller's to keep.
+#[derive(Debug, Clone)]
+pub struct StoredEvent {
+    pub created_at: i64,
+    pub id: [u8; 32],
+    /// The event's JSON exactly as stored.
+    pub raw: String,
+}
+
+/// An event accepted by another relay process on the same database.
+#[derive(Debug, Clone)]
+pub struct RemoteEvent {
+    pub community: String,
+    pub raw: String,
+}
+
+/// A storage failure (never a rule decision; those are [`InsertOutcome::Rejected`]).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("migration error: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("stored data is not valid: {0}")]
+    Corrupt(String),
+}
+
+/// The storage interface of the relay.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// `"sqlite"` or `"postgres"`.
+    fn backend(&self) -> &'static str;
+
+    /// The community bound to a normalised host: an exact `host:port`
+    /// binding wins over a port-less binding of the same name.
+    async fn community_for_host(&self, host: &str) -> Result<Option<CommunityRecord>, StoreError>;
+
+    /// Creates a community; fails with [`StoreError::Conflict`] when the id
+    /// or one of the hosts is taken.
+    async fn add_community(&self, community: &CommunityRecord) -> Result<(), StoreError>;
+
+    /// All communities, by id.
+    async fn list_communities(&self) -> Result<Vec<CommunityRecord>, StoreError>;
+
+    /// Stores a verified event under the NIP-01/09/40 rules.
+    async fn insert_event(
+        &self,
+        community: &str,
+        event: &Event,
+        raw: &str,
+    ) -> Result<InsertOutcome, StoreError>;
+
+    /// Events matching one filter, newest first (ties by lowest id), at most `limit`.
+    async fn query(
+        &self,
+        community: &str,
+        filter: &Filter,
+        limit: usize,
+        scope: &ReadScope,
+    ) -> Result<Vec<StoredEvent>, StoreError>;
+
+    /// Number of distinct events matching any of the filters (NIP-45).
+    async fn count(&self, community: &str, filters: &[Filter], scope: &ReadScope) -> Result<u64, StoreError>;
+
+    /// Deletes events whose NIP-40 expiration has passed; returns how many.
+    async fn purge_expired(&self, now: u64) -> Result<u64, StoreError>;
+
+    /// Tells the other relay processes on this database about an ephemeral
+    /// event (stored events are announced by `insert_event` itself, inside
+    /// its transaction). Nothing to do for a single-process backend.
+    async fn publish_ephemeral(&self, _community: &str, _raw: &str) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// Events accepted by other relay processes, or `None` for a
+    /// single-process backend. `capacity` bounds the channel.
+    async fn subscribe_remote(
+        &self,
+        _capacity: usize,
+    ) -> Result<Option<mpsc::Receiver<RemoteEvent>>, StoreError> {
+        Ok(None)
+    }
+
+    /// Periodic housekeeping (PostgreSQL: partitions ahead of time).
+    async fn maintain(&self, _now: u64) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// Flushes and closes connections.
+    async fn close(&self);
+}
+
+/// Opens the backend the URL names and runs its migrations.
+pub async fn open(cfg: &crate::config::Config) -> Result<std::sync::Arc<dyn Store>, StoreError> {
+    let url = cfg.database_url.as_str();
+    if url.starts_with("sqlite:") {
+        Ok(std::sync::Arc::new(
+            sqlite::SqliteStore::open(url, &cfg.sqlite).await?,
+        ))
+    } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+        Ok(std::sync::Arc::new(
+            postgres::PgStore::open(url, &cfg.postgres).await?,
+        ))
+    } else {
+        Err(StoreError::Conflict(format!(
+            "unsupported database URL {url:?}: use sqlite://path or postgres://…"
+        )))
+    }
+}
+
+/// The `d` tag value that names an addressable event ("" when absent), or
+/// "" for replaceable kinds, or `None` for kinds that are not replaced.
+pub fn replacement_key(event: &Event) -> Option<String> {
+    use protocol::kinds::{storage_of, Storage};
+    match storage_of(event.kind.as_u16()) {
+        Storage::Replaceable => Some(String::new()),
+        Storage::Addressable => Some(event.tags.identifier().unwrap_or_default()),
+        _ => None,
+    }
+}
+
+/// NIP-40 expiration as unix seconds, if the event carries one.
+pub fn expiration(event: &Event) -> Option<i64> {
+    event
+        .tags
+        .expiration()
+        .map(|t| i64::try_from(t.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// Single-letter tags with a value: the (name, first value) pairs a filter
+/// can match, each indexed once.
+pub fn indexed_tags(event: &Event) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for tag in event.tags.iter() {
+        let slice = tag.as_slice();
+        if slice.len() < 2 || slice[0].chars().count() != 1 {
+            continue;
+        }
+        let Some(c) = slice[0].chars().next() else {
+            continue;
+        };
+        if !c.is_ascii_alphabetic() {
+            continue;
+        }
+        let pair = (slice[0].clone(), slice[1].clone());
+        if !out.contains(&pair) {
+            out.push(pair);
+        }
+    }
+    out
+}
+
+/// What a kind 5 asks to delete (NIP-09), restricted to the author's own events.
+#[derive(Debug, Default)]
+pub struct DeletionTargets {
+    /// Event ids (`e` tags).
+    pub ids: Vec<[u8; 32]>,
+    /// Addresses (`a` tags) `kind:pubkey:d` whose pubkey is the author.
+    pub addresses: Vec<(u16, String)>,
+}
+
+/// Parses the targets of a NIP-09 deletion request.
+pub fn deletion_targets(event: &Event) -> DeletionTargets {
+    let mut t = DeletionTargets::default();
+    let author = event.pubkey.to_hex();
+    for tag in event.tags.iter() {
+        let s = tag.as_slice();
+        if s.len() < 2 {
+            continue;
+        }
+        match s[0].as_str() {
+            "e" => {
+                if let Ok(bytes) = hex::decode(&s[1]) {
+                    if let Ok(id) = <[u8; 32]>::try_from(bytes.as_slice()) {
+                        t.ids.push(id);
+                    }
+                }
+            }
+            "a" => {
+                let mut parts = s[1].splitn(3, ':');
+                let (Some(k), Some(pk), Some(d)) = (parts.next(), parts.next(), parts.next()) else {
+                    continue;
+                };
+                if pk != author {
+                    continue;
+                }
+                if let Ok(kind) = k.parse::<u16>() {
+                    t.addresses.push((kind, d.to_string()));
+                }
+            }
+            _ => {}
+        }
+    }
+    t
+}
+
+/// The text form of an address used in the deletions table.
+pub fn address_key(kind: u16, d: &str) -> String {
+    format!("a:{kind}:{d}")
+}

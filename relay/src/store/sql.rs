@@ -1,0 +1,174 @@
+//! Filter-to-SQL translation shared by both backends.
+//!
+//! Both schemas name their tables and columns the same way (`events`,
+//! `event_tags`), so one builder serves both; the [`Dialect`] only decides the
+//! placeholder syntax and how a tag value is compared (PostgreSQL compares a
+//! bounded hash first so that its index never holds a long value).
+
+use std::fmt::Write;
+
+use nostr::prelude::Filter;
+
+use super::ReadScope;
+
+/// SQL flavour.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Sqlite,
+    Postgres,
+}
+
+/// A value to bind, in placeholder order.
+#[derive(Debug, Clone)]
+pub enum Bind {
+    Int(i64),
+    Text(String),
+    Blob(Vec<u8>),
+}
+
+/// A statement under construction.
+#[derive(Debug)]
+pub struct Sql {
+    pub text: String,
+    pub binds: Vec<Bind>,
+    dialect: Dialect,
+}
+
+impl Sql {
+    pub fn new(dialect: Dialect) -> Self {
+        Self {
+            text: String::with_capacity(256),
+            binds: Vec::new(),
+            dialect,
+        }
+    }
+
+    pub fn push(&mut self, s: &str) -> &mut Self {
+        self.text.push_str(s);
+        self
+    }
+
+    /// Appends a placeholder for `b`.
+    pub fn bind(&mut self, b: Bind) -> &mut Self {
+        self.binds.push(b);
+        let n = self.binds.len();
+        match self.dialect {
+            Dialect::Sqlite => write!(self.text, "?{n}"),
+            Dialect::Postgres => write!(self.text, "${n}"),
+        }
+        .expect("writing to a String cannot fail");
+        self
+    }
+
+    fn bind_list(&mut self, items: impl IntoIterator<Item = Bind>) {
+        self.push("(");
+        for (i, b) in items.into_iter().enumerate() {
+            if i > 0 {
+                self.push(",");
+            }
+            self.bind(b);
+        }
+        self.push(")");
+    }
+
+    /// `AND <tag match>`: the event has a tag `name` whose first value is one of `values`.
+    fn tag_in(&mut self, community: &str, name: &str, values: impl IntoIterator<Item = String>) {
+        self.push(" AND e.id IN (SELECT t.event_id FROM event_tags t WHERE t.community_id = ");
+        self.bind(Bind::Text(community.to_string()));
+        self.push(" AND t.name = ");
+        self.bind(Bind::Text(name.to_string()));
+        let values: Vec<String> = values.into_iter().collect();
+        if self.dialect == Dialect::Postgres {
+            // The index is on the hash; the full comparison removes collisions.
+            self.push(" AND t.value_hash IN ");
+            self.bind_list(values.iter().map(|v| Bind::Blob(value_hash(v).to_vec())));
+        }
+        self.push(" AND t.value IN ");
+        self.bind_list(values.into_iter().map(Bind::Text));
+        self.push(")");
+    }
+}
+
+/// The hash PostgreSQL indexes tag values by (first 16 bytes of SHA-256).
+pub fn value_hash(value: &str) -> [u8; 16] {
+    use sha2::{Digest, Sha256};
+    let d = Sha256::digest(value.as_bytes());
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&d[..16]);
+    out
+}
+
+/// Appends the WHERE conditions of one filter plus the read scope to `sql`,
+/// which must already contain `... FROM events e WHERE e.community_id = <bind>`.
+pub fn push_filter(sql: &mut Sql, community: &str, f: &Filter, scope: &ReadScope) {
+    if let Some(ids) = f.ids.as_ref().filter(|s| !s.is_empty()) {
+        sql.push(" AND e.id IN ");
+        sql.bind_list(ids.iter().map(|id| Bind::Blob(id.as_bytes().to_vec())));
+    }
+    if let Some(authors) = f.authors.as_ref().filter(|s| !s.is_empty()) {
+        sql.push(" AND e.pubkey IN ");
+        sql.bind_list(authors.iter().map(|pk| Bind::Blob(pk.to_bytes().to_vec())));
+    }
+    if let Some(kinds) = f.kinds.as_ref().filter(|s| !s.is_empty()) {
+        sql.push(" AND e.kind IN ");
+        sql.bind_list(kinds.iter().map(|k| Bind::Int(i64::from(k.as_u16()))));
+    }
+    if let Some(since) = f.since {
+        sql.push(" AND e.created_at >= ");
+        sql.bind(Bind::Int(clamp_i64(since.as_secs())));
+    }
+    if let Some(until) = f.until {
+        sql.push(" AND e.created_at <= ");
+        sql.bind(Bind::Int(clamp_i64(until.as_secs())));
+    }
+    sql.push(" AND (e.expires_at IS NULL OR e.expires_at > ");
+    sql.bind(Bind::Int(clamp_i64(scope.now)));
+    sql.push(")");
+    for (letter, values) in &f.generic_tags {
+        if values.is_empty() {
+            continue;
+        }
+        sql.tag_in(community, letter.as_ref(), values.iter().cloned());
+    }
+    if !scope.gated_kinds.is_empty() {
+        sql.push(" AND (e.kind NOT IN ");
+        sql.bind_list(scope.gated_kinds.iter().map(|k| Bind::Int(i64::from(*k))));
+        if let Some(viewer) = scope.viewer {
+            sql.push(" OR (1=1");
+            sql.tag_in(community, "p", [viewer.to_hex()]);
+            sql.push(")");
+        }
+        sql.push(")");
+    }
+}
+
+/// `SELECT raw, created_at, id` for one filter, newest first, ties by lowest id.
+pub fn select_events(dialect: Dialect, community: &str, f: &Filter, limit: usize, scope: &ReadScope) -> Sql {
+    let mut sql = Sql::new(dialect);
+    sql.push("SELECT e.raw, e.created_at, e.id FROM events e WHERE e.community_id = ");
+    sql.bind(Bind::Text(community.to_string()));
+    push_filter(&mut sql, community, f, scope);
+    sql.push(" ORDER BY e.created_at DESC, e.id ASC LIMIT ");
+    sql.bind(Bind::Int(i64::try_from(limit).unwrap_or(i64::MAX)));
+    sql
+}
+
+/// `SELECT COUNT(*)` of the distinct events matching any filter.
+pub fn count_events(dialect: Dialect, community: &str, filters: &[Filter], scope: &ReadScope) -> Sql {
+    let mut sql = Sql::new(dialect);
+    sql.push("SELECT COUNT(*) FROM (");
+    for (i, f) in filters.iter().enumerate() {
+        if i > 0 {
+            sql.push(" UNION ");
+        }
+        sql.push("SELECT e.id FROM events e WHERE e.community_id = ");
+        sql.bind(Bind::Text(community.to_string()));
+        push_filter(&mut sql, community, f, scope);
+    }
+    sql.push(") AS matched");
+    sql
+}
+
+fn clamp_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}

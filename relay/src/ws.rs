@@ -1,0 +1,532 @@
+//! One WebSocket connection: NIP-01 messages in, answers and live events out.
+//!
+//! The connection task owns all per-connection state (auth, subscriptions,
+//! rate bucket) and handles one client message at a time, so answers go out
+//! in the order requests came in. Live events arrive on the community's
+//! broadcast channel and are matched here; the socket is written by a
+//! separate task (see [`crate::outbound`]).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::ws::{Message, WebSocket};
+use futures_util::StreamExt;
+use nostr::prelude::{Event, Filter, MatchEventOptions, PublicKey, SingleLetterTag, Timestamp};
+use protocol::kinds::{self, Storage};
+use protocol::message::{ClientMessage, ParseError};
+use serde_json::json;
+use tokio::sync::broadcast::error::RecvError;
+
+use crate::community::Community;
+use crate::hub::Published;
+use crate::outbound::{self, Outbound, Overflow};
+use crate::ratelimit::TokenBucket;
+use crate::state::{unix_now, AppState};
+use crate::store::{InsertOutcome, ReadScope, StoredEvent};
+use crate::verify;
+
+/// How long stored results may wait for a slow reader before it is dropped.
+const STORED_RESULTS_DEADLINE: Duration = Duration::from_secs(10);
+/// WebSocket close code for a message above the hard size cap.
+const CLOSE_TOO_BIG: u16 = 1009;
+/// WebSocket close code sent on shutdown.
+const CLOSE_GOING_AWAY: u16 = 1001;
+/// WebSocket close code for a policy violation (slow reader, lagging).
+const CLOSE_POLICY: u16 = 1008;
+
+struct Subscription {
+    filters: Vec<Filter>,
+    /// Hub sequence when the stored query began; live events at or below it
+    /// were committed before the query and are not sent again.
+    seq_floor: u64,
+}
+
+struct Conn {
+    state: Arc<AppState>,
+    community: Arc<Community>,
+    /// Normalised host this connection was made to.
+    host: String,
+    challenge: String,
+    authed: Option<PublicKey>,
+    subs: HashMap<String, Subscription>,
+    bucket: TokenBucket,
+    out: Outbound,
+}
+
+/// Why the connection loop stops.
+enum Stop {
+    Overflow,
+}
+
+impl From<Overflow> for Stop {
+    fn from(_: Overflow) -> Self {
+        Stop::Overflow
+    }
+}
+
+/// Runs a connection to completion.
+pub async fn run(socket: WebSocket, state: Arc<AppState>, community: Arc<Community>, host: String) {
+    let limits = &state.cfg.limits;
+    let (sink, mut stream) = socket.split();
+    let (out, writer) = outbound::spawn(sink, limits.max_outbound_bytes);
+    let mut live = state.hub.subscribe(&community.id);
+    let mut conn = Conn {
+        bucket: TokenBucket::new(limits.events_per_second, limits.events_burst),
+        challenge: hex::encode(rand::random::<[u8; 16]>()),
+        state: state.clone(),
+        community,
+        host,
+        authed: None,
+        subs: HashMap::new(),
+        out,
+    };
+    let shutdown = state.shutdown.clone();
+    let _ = conn.out.text(json!(["AUTH", conn.challenge]).to_string());
+
+    loop {
+        let step: Result<bool, Stop> = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => {
+                conn.out.close(CLOSE_GOING_AWAY, "relay shutting down");
+                break;
+            }
+            _ = conn.out.failed() => break,
+            msg = stream.next() => match msg {
+                None | Some(Ok(Message::Close(_))) => Ok(false),
+                Some(Err(e)) => {
+                    if is_capacity_error(&e) {
+                        conn.out.close(CLOSE_TOO_BIG, "invalid: message exceeds the hard size limit");
+                    }
+                    Ok(false)
+                }
+                Some(Ok(Message::Text(text))) => conn.on_text(text.as_str()).await.map(|_| true),
+                Some(Ok(Message::Binary(_))) => conn
+                    .notice("invalid: binary messages are not supported")
+                    .map(|_| true)
+                    .map_err(Stop::from),
+                Some(Ok(_)) => Ok(true), // ping/pong are answered by the library
+            },
+            item = live.recv() => match item {
+                Ok(p) => conn.on_live(&p).map(|_| true),
+                Err(RecvError::Lagged(n)) => {
+                    tracing::warn!(community = %conn.community.id, missed = n, "subscriber fell behind live fan-out");
+                    let _ = conn.notice("error: connection fell behind the live event stream and is closed");
+                    conn.out.close(CLOSE_POLICY, "too slow");
+                    break;
+                }
+                Err(RecvError::Closed) => Ok(false),
+            },
+        };
+        match step {
+            Ok(true) => {}
+            Ok(false) => {
+                conn.out.close(1000, "");
+                break;
+            }
+            Err(Stop::Overflow) => {
+                tracing::info!(community = %conn.community.id, "slow reader disconnected");
+                writer.abort();
+                return;
+            }
+        }
+    }
+    drop(conn);
+    // Let the writer flush what is queued (ending with the close frame).
+    let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
+}
+
+fn is_capacity_error(e: &axum::Error) -> bool {
+    let text = e.to_string().to_ascii_lowercase();
+    text.contains("capacity") || text.contains("too long") || text.contains("too big")
+}
+
+impl Conn {
+    fn send(&self, v: serde_json::Value) -> Result<(), Overflow> {
+        self.out.text(v.to_string())
+    }
+
+    fn notice(&self, msg: &str) -> Result<(), Overflow> {
+        self.send(json!(["NOTICE", msg]))
+    }
+
+    fn ok(&self, id: &str, accepted: bool, msg: &str) -> Result<(), Overflow> {
+        self.send(json!(["OK", id, accepted, msg]))
+    }
+
+    fn closed(&self, sub_id: &str, msg: &str) -> Result<(), Overflow> {
+        self.send(json!(["CLOSED", sub_id, msg]))
+    }
+
+    fn limits(&self) -> &crate::config::Limits {
+        &self.state.cfg.limits
+    }
+
+    async fn on_text(&mut self, text: &str) -> Result<(), Stop> {
+        let max = self.limits().max_message_bytes;
+        let parsed = protocol::message::parse(text);
+        if text.len() > max {
+            let why = format!(
+                "invalid: message of {} bytes exceeds max_message_bytes {max}",
+                text.len()
+            );
+            match parsed {
+                Ok(ClientMessage::Event(e)) | Ok(ClientMessage::Auth(e)) => {
+                    self.ok(&e.id.to_hex(), false, &why)?
+                }
+                Err(ParseError::Event { event_id, .. }) => self.ok(&event_id, false, &why)?,
+                Ok(ClientMessage::Req { sub_id, .. }) | Ok(ClientMessage::Count { sub_id, .. }) => {
+                    self.closed(&sub_id, &why)?
+                }
+                _ => self.notice(&why)?,
+            }
+            return Ok(());
+        }
+        match parsed {
+            Err(ParseError::Envelope(reason)) => self.notice(&format!("invalid: {reason}"))?,
+            Err(ParseError::Event { event_id, reason }) => {
+                self.ok(&event_id, false, &format!("invalid: {reason}"))?
+            }
+            Err(ParseError::Subscription { sub_id, reason, .. }) => {
+                self.closed(&sub_id, &format!("invalid: {reason}"))?
+            }
+            Ok(ClientMessage::Event(event)) => self.on_event(Arc::new(*event)).await?,
+            Ok(ClientMessage::Req { sub_id, filters }) => self.on_req(sub_id, filters).await?,
+            Ok(ClientMessage::Count { sub_id, filters }) => self.on_count(sub_id, filters).await?,
+            Ok(ClientMessage::Close { sub_id }) => {
+                self.subs.remove(&sub_id);
+            }
+            Ok(ClientMessage::Auth(event)) => self.on_auth(Arc::new(*event)).await?,
+        }
+        Ok(())
+    }
+
+    /// Shape checks that need no signature: sizes, counts, time bounds.
+    fn check_shape(&self, event: &Event, raw_len: usize) -> Result<(), String> {
+        let l = self.limits();
+        if raw_len > l.max_event_bytes {
+            return Err(format!(
+                "invalid: event of {raw_len} bytes exceeds max_event_bytes {}",
+                l.max_event_bytes
+            ));
+        }
+        if event.tags.len() > l.max_tags_per_event {
+            return Err(format!(
+                "invalid: {} tags exceed max_tags_per_event {}",
+                event.tags.len(),
+                l.max_tags_per_event
+            ));
+        }
+        if let Some(v) = event
+            .tags
+            .iter()
+            .flat_map(|t| t.as_slice())
+            .find(|v| v.len() > l.max_tag_value_bytes)
+        {
+            return Err(format!(
+                "invalid: a tag value of {} bytes exceeds max_tag_value_bytes {}",
+                v.len(),
+                l.max_tag_value_bytes
+            ));
+        }
+        let now = unix_now();
+        let created = event.created_at.as_secs();
+        if created > now.saturating_add(l.max_future_secs) {
+            return Err(format!(
+                "invalid: created_at is more than {} seconds in the future",
+                l.max_future_secs
+            ));
+        }
+        if i64::try_from(created).is_err() {
+            return Err("invalid: created_at out of range".into());
+        }
+        Ok(())
+    }
+
+    async fn on_event(&mut self, event: Arc<Event>) -> Result<(), Stop> {
+        let id = event.id.to_hex();
+        if !self.bucket.try_take() {
+            let msg = format!(
+                "rate-limited: more than {} events per second",
+                self.limits().events_per_second
+            );
+            return Ok(self.ok(&id, false, &msg)?);
+        }
+        let raw: Arc<str> = Arc::from(event.as_json());
+        if let Err(msg) = self.check_shape(&event, raw.len()) {
+            return Ok(self.ok(&id, false, &msg)?);
+        }
+        if let Err(e) = verify::verify(event.clone()).await {
+            return Ok(self.ok(&id, false, e.message())?);
+        }
+        if event.is_expired_at(Timestamp::from_secs(unix_now())) {
+            return Ok(self.ok(&id, false, "invalid: event has expired (NIP-40)")?);
+        }
+        if event.kind.as_u16() == kinds::CLIENT_AUTH {
+            return Ok(self.ok(&id, false, "invalid: kind 22242 is sent with AUTH, not EVENT")?);
+        }
+        if event.is_protected() {
+            match self.authed {
+                None => {
+                    return Ok(self.ok(
+                        &id,
+                        false,
+                        "auth-required: this event is protected (NIP-70); authenticate as its author",
+                    )?)
+                }
+                Some(pk) if pk != event.pubkey => {
+                    return Ok(self.ok(
+                        &id,
+                        false,
+                        "restricted: a protected event (NIP-70) may only be published by its author",
+                    )?)
+                }
+                Some(_) => {}
+            }
+        }
+        let community = self.community.id.clone();
+        if kinds::storage_of(event.kind.as_u16()) == Storage::Ephemeral {
+            self.state.hub.publish(&community, event, raw.clone());
+            if let Err(e) = self.state.store.publish_ephemeral(&community, &raw).await {
+                tracing::warn!(community = %community, error = %e, "ephemeral event not forwarded to other relay processes");
+                return Ok(self.ok(
+                    &id,
+                    false,
+                    "error: delivered to this relay process only; other processes are unreachable",
+                )?);
+            }
+            return Ok(self.ok(&id, true, "")?);
+        }
+        match self.state.store.insert_event(&community, &event, &raw).await {
+            Ok(InsertOutcome::Stored) => {
+                self.state.hub.publish(&community, event, raw);
+                self.ok(&id, true, "")?;
+            }
+            Ok(InsertOutcome::Duplicate) => self.ok(&id, true, "duplicate: already have this event")?,
+            Ok(InsertOutcome::Rejected(msg)) => self.ok(&id, false, &msg)?,
+            Err(e) => {
+                tracing::error!(community = %community, error = %e, "storing event failed");
+                self.ok(&id, false, "error: the event could not be stored; try again")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks a REQ/COUNT against limits and read rules; `Err` is the CLOSED message.
+    fn check_filters(&self, filters: &[Filter]) -> Result<(), String> {
+        let l = self.limits();
+        if filters.len() > l.max_filters {
+            return Err(format!(
+                "invalid: {} filters exceed max_filters {}",
+                filters.len(),
+                l.max_filters
+            ));
+        }
+        let gated = &self.state.cfg.p_gated_kinds;
+        let p = SingleLetterTag::LOWERCASE_P;
+        for f in filters {
+            if f.search.is_some() {
+                return Err("invalid: search (NIP-50) is not supported".into());
+            }
+            let widest = [
+                f.ids.as_ref().map_or(0, |s| s.len()),
+                f.authors.as_ref().map_or(0, |s| s.len()),
+                f.kinds.as_ref().map_or(0, |s| s.len()),
+                f.generic_tags.values().map(|s| s.len()).max().unwrap_or(0),
+            ]
+            .into_iter()
+            .max()
+            .unwrap_or(0);
+            if widest > l.max_filter_values {
+                return Err(format!(
+                    "invalid: a filter field with {widest} values exceeds max_filter_values {}",
+                    l.max_filter_values
+                ));
+            }
+            let Some(kinds) = &f.kinds else { continue };
+            let Some(k) = kinds.iter().find(|k| gated.contains(&k.as_u16())) else {
+                continue;
+            };
+            let Some(me) = self.authed else {
+                return Err(format!(
+                    "auth-required: kind {} is only delivered to authenticated recipients",
+                    k.as_u16()
+                ));
+            };
+            if let Some(ps) = f.generic_tags.get(&p) {
+                let mine = me.to_hex();
+                if ps.iter().any(|v| *v != mine) {
+                    return Err(format!(
+                        "restricted: kind {} is only delivered to the pubkey it names in #p",
+                        k.as_u16()
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn scope(&self) -> ReadScope {
+        ReadScope {
+            viewer: self.authed,
+            gated_kinds: self.state.cfg.p_gated_kinds.clone(),
+            now: unix_now(),
+        }
+    }
+
+    async fn on_req(&mut self, sub_id: String, filters: Vec<Filter>) -> Result<(), Stop> {
+        if let Err(msg) = self.check_filters(&filters) {
+            self.subs.remove(&sub_id);
+            return Ok(self.closed(&sub_id, &msg)?);
+        }
+        let max_subs = self.limits().max_subscriptions;
+        if !self.subs.contains_key(&sub_id) && self.subs.len() >= max_subs {
+            return Ok(self.closed(
+                &sub_id,
+                &format!("blocked: at most {max_subs} subscriptions per connection"),
+            )?);
+        }
+        let seq_floor = self.state.hub.current_seq();
+        let scope = self.scope();
+        let max_limit = self.limits().max_limit;
+        let mut seen: HashSet<[u8; 32]> = HashSet::new();
+        let mut results: Vec<StoredEvent> = Vec::new();
+        for f in &filters {
+            let limit = f.limit.unwrap_or(max_limit).min(max_limit);
+            if limit == 0 {
+                continue;
+            }
+            match self.state.store.query(&self.community.id, f, limit, &scope).await {
+                Ok(rows) => results.extend(rows.into_iter().filter(|r| seen.insert(r.id))),
+                Err(e) => {
+                    tracing::error!(community = %self.community.id, error = %e, "query failed");
+                    self.subs.remove(&sub_id);
+                    return Ok(self.closed(&sub_id, "error: the query failed; try again")?);
+                }
+            }
+        }
+        if filters.len() > 1 {
+            results.sort_by(|a, b| b.created_at.cmp(&a.created_at).then_with(|| a.id.cmp(&b.id)));
+        }
+        let prefix = format!("[\"EVENT\",{},", json!(sub_id));
+        for r in results {
+            let msg = format!("{prefix}{}]", r.raw);
+            self.out.text_wait(msg, STORED_RESULTS_DEADLINE).await?;
+        }
+        self.out
+            .text_wait(json!(["EOSE", sub_id]).to_string(), STORED_RESULTS_DEADLINE)
+            .await?;
+        self.subs.insert(sub_id, Subscription { filters, seq_floor });
+        Ok(())
+    }
+
+    async fn on_count(&mut self, sub_id: String, filters: Vec<Filter>) -> Result<(), Stop> {
+        if let Err(msg) = self.check_filters(&filters) {
+            return Ok(self.closed(&sub_id, &msg)?);
+        }
+        let scope = self.scope();
+        match self.state.store.count(&self.community.id, &filters, &scope).await {
+            Ok(n) => self.send(json!(["COUNT", sub_id, {"count": n}]))?,
+            Err(e) => {
+                tracing::error!(community = %self.community.id, error = %e, "count failed");
+                self.closed(&sub_id, "error: the count failed; try again")?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn on_auth(&mut self, event: Arc<Event>) -> Result<(), Stop> {
+        let id = event.id.to_hex();
+        if event.kind.as_u16() != kinds::CLIENT_AUTH {
+            return Ok(self.ok(&id, false, "invalid: AUTH event must be kind 22242")?);
+        }
+        if let Err(e) = verify::verify(event.clone()).await {
+            return Ok(self.ok(&id, false, e.message())?);
+        }
+        let tag_value = |name: &str| {
+            event
+                .tags
+                .iter()
+                .find(|t| t.kind() == name)
+                .and_then(|t| t.content())
+                .map(str::to_string)
+        };
+        if tag_value("challenge").as_deref() != Some(self.challenge.as_str()) {
+            return Ok(self.ok(&id, false, "invalid: challenge does not match this connection's")?);
+        }
+        let expected = self.community.websocket_url(&self.host);
+        let relay_ok = tag_value("relay").is_some_and(|r| same_relay_url(&r, &expected));
+        if !relay_ok {
+            return Ok(self.ok(&id, false, &format!("invalid: relay tag must be {expected}"))?);
+        }
+        let now = unix_now();
+        let age = now.abs_diff(event.created_at.as_secs());
+        if age > self.limits().auth_max_age_secs {
+            return Ok(self.ok(&id, false, "invalid: AUTH event created_at is too far from now")?);
+        }
+        self.authed = Some(event.pubkey);
+        Ok(self.ok(&id, true, "")?)
+    }
+
+    fn on_live(&mut self, p: &Published) -> Result<(), Stop> {
+        if self.subs.is_empty() {
+            return Ok(());
+        }
+        let gated = self.state.cfg.p_gated_kinds.contains(&p.event.kind.as_u16());
+        if gated {
+            let Some(me) = self.authed else { return Ok(()) };
+            if !p.event.tags.public_keys().any(|pk| pk == me) {
+                return Ok(());
+            }
+        }
+        if p.event.is_expired_at(Timestamp::from_secs(unix_now())) {
+            return Ok(());
+        }
+        for (sub_id, sub) in &self.subs {
+            if p.seq <= sub.seq_floor {
+                continue;
+            }
+            if sub
+                .filters
+                .iter()
+                .any(|f| f.match_event(&p.event, MatchEventOptions::new()))
+            {
+                self.out
+                    .text(format!("[\"EVENT\",{},{}]", json!(sub_id), p.raw))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Compares relay URLs the way NIP-42 clients write them: scheme and host
+/// case-insensitive, a trailing slash ignored, default ports ignored.
+fn same_relay_url(given: &str, expected: &str) -> bool {
+    let norm = |s: &str| -> Option<(String, String, String)> {
+        let u = url::Url::parse(s.trim()).ok()?;
+        let host = u.host_str()?.to_ascii_lowercase();
+        let hostport = match u.port() {
+            Some(p) => format!("{host}:{p}"),
+            None => host,
+        };
+        let path = u.path().trim_end_matches('/').to_string();
+        Some((u.scheme().to_string(), hostport, path))
+    };
+    matches!((norm(given), norm(expected)), (Some(a), Some(b)) if a == b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_relay_url;
+
+    #[test]
+    fn relay_urls() {
+        assert!(same_relay_url("ws://127.0.0.1:7777", "ws://127.0.0.1:7777"));
+        assert!(same_relay_url("ws://127.0.0.1:7777/", "ws://127.0.0.1:7777"));
+        assert!(same_relay_url("WSS://Example.com", "wss://example.com"));
+        assert!(same_relay_url("wss://example.com:443", "wss://example.com"));
+        assert!(!same_relay_url("ws://example.com", "wss://example.com"));
+        assert!(!same_relay_url("wss://other.com", "wss://example.com"));
+        assert!(!same_relay_url("not a url", "wss://example.com"));
+    }
+}

@@ -1,0 +1,245 @@
+//! Throwaway PostgreSQL servers for tests, started from the local PostgreSQL
+//! binaries (initdb + postgres on a temporary directory and a free port).
+//!
+//! The server runs as the `postgres` user when the tests run as root (the
+//! server refuses root), and is told to die with the thread that started it
+//! (PR_SET_PDEATHSIG), so no server outlives the test process.
+
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// A PostgreSQL server owned by the tests.
+pub struct PgServer {
+    pub port: u16,
+    bin: PathBuf,
+    data: PathBuf,
+    _dir: tempfile::TempDir,
+    child: Mutex<Option<Child>>,
+    owner: Option<(u32, u32)>,
+}
+
+/// The directory holding `initdb` and `postgres`, if PostgreSQL is installed.
+pub fn bin_dir() -> Option<PathBuf> {
+    if let Ok(dir) = std::env::var("PG_BIN") {
+        return Some(PathBuf::from(dir));
+    }
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let v: u32 = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("initdb").exists().then_some((v, bin))
+        })
+        .collect();
+    found.sort();
+    found.pop().map(|(_, b)| b)
+}
+
+fn postgres_owner() -> Option<(u32, u32)> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return None;
+    }
+    let out = Command::new("id").args(["-u", "postgres"]).output().ok()?;
+    let uid: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
+    let out = Command::new("id").args(["-g", "postgres"]).output().ok()?;
+    let gid: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
+    Some((uid, gid))
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+fn as_owner(cmd: &mut Command, owner: Option<(u32, u32)>) {
+    if let Some((uid, gid)) = owner {
+        cmd.uid(uid).gid(gid);
+    }
+}
+
+impl PgServer {
+    /// Initialises and starts a new server. `Err` when PostgreSQL is not installed.
+    pub fn start() -> Result<PgServer, String> {
+        let bin = bin_dir().ok_or("no PostgreSQL binaries found (set PG_BIN or install postgresql)")?;
+        let owner = postgres_owner();
+        let dir = tempfile::Builder::new()
+            .prefix("relay-pg-")
+            .tempdir()
+            .map_err(|e| e.to_string())?;
+        let data = dir.path().join("data");
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).map_err(|e| e.to_string())?;
+        }
+        let mut init = Command::new(bin.join("initdb"));
+        init.args(["-D"]).arg(&data).args([
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+            "--no-instructions",
+        ]);
+        init.stdout(Stdio::null()).stderr(Stdio::piped());
+        as_owner(&mut init, owner);
+        let out = init.output().map_err(|e| format!("initdb: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("initdb failed: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        let server = PgServer {
+            port: free_port(),
+            bin,
+            data,
+            _dir: dir,
+            child: Mutex::new(None),
+            owner,
+        };
+        server.run()?;
+        Ok(server)
+    }
+
+    fn run(&self) -> Result<(), String> {
+        let mut cmd = Command::new(self.bin.join("postgres"));
+        cmd.arg("-D")
+            .arg(&self.data)
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-k",
+            ])
+            .arg(self.data.parent().unwrap_or(Path::new("/tmp")))
+            .args([
+                "-c",
+                "fsync=off",
+                "-c",
+                "max_connections=300",
+                "-c",
+                "shared_buffers=64MB",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        as_owner(&mut cmd, self.owner);
+        // SAFETY: prctl in the child between fork and exec only sets its own
+        // parent-death signal; no allocation or locking happens there.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGQUIT);
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().map_err(|e| format!("postgres: {e}"))?;
+        *self.child.lock().unwrap_or_else(|p| p.into_inner()) = Some(child);
+        self.wait_ready()
+    }
+
+    fn wait_ready(&self) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if self.psql("postgres", "SELECT 1").is_ok() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Err("postgres did not become ready within 60 s".into())
+    }
+
+    /// Runs one SQL statement with psql.
+    pub fn psql(&self, db: &str, sql: &str) -> Result<String, String> {
+        let out = Command::new(self.bin.join("psql"))
+            .args([
+                "-X",
+                "-q",
+                "-t",
+                "-A",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+                "-d",
+                db,
+                "-c",
+                sql,
+            ])
+            .output()
+            .map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    /// Creates a fresh database and returns its URL.
+    pub fn create_database(&self) -> String {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let name = format!("t{}_{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst));
+        self.psql("postgres", &format!("CREATE DATABASE {name}"))
+            .expect("create database");
+        format!("postgres://postgres@127.0.0.1:{}/{name}", self.port)
+    }
+
+    /// Stops the server (fast shutdown) and waits for it to exit.
+    pub fn stop(&self) {
+        if let Some(mut c) = self.child.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            // SAFETY: signalling our own child.
+            unsafe {
+                libc::kill(c.id() as i32, libc::SIGINT);
+            }
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the server again after [`PgServer::stop`], on the same port and data.
+    pub fn start_again(&self) {
+        self.run().expect("restart postgres");
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The server shared by all tests of this process, started on first use
+/// from a thread that lives as long as the process.
+pub fn shared() -> Option<Arc<PgServer>> {
+    static SHARED: OnceLock<Result<Arc<PgServer>, String>> = OnceLock::new();
+    let r = SHARED.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("pg-owner".into())
+            .spawn(move || {
+                let _ = tx.send(PgServer::start().map(Arc::new));
+                loop {
+                    std::thread::park();
+                }
+            })
+            .expect("spawn pg owner thread");
+        rx.recv().unwrap_or_else(|_| Err("pg owner thread died".into()))
+    });
+    match r {
+        Ok(s) => Some(s.clone()),
+        Err(e) => {
+            if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+                panic!("PostgreSQL is required under CI=true: {e}");
+            }
+            eprintln!("\n!!! SKIPPING PostgreSQL test: {e} !!!\n");
+            None
+        }
+    }
+}

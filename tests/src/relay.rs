@@ -1,0 +1,246 @@
+//! Starting and stopping real relay processes.
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::pg::PgServer;
+use crate::workspace_bin;
+
+/// Which storage backend a relay runs on.
+#[derive(Clone)]
+pub enum Backend {
+    /// An SQLite file in the test's temporary directory.
+    Sqlite,
+    /// A fresh database on a PostgreSQL server owned by the tests.
+    Postgres(Arc<PgServer>),
+}
+
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Backend {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres(_) => "postgres",
+        }
+    }
+
+    /// PostgreSQL on the shared test server; `None` (with a loud message)
+    /// when PostgreSQL is not installed outside CI. Under `CI=true` a missing
+    /// PostgreSQL fails the test instead.
+    pub fn postgres() -> Option<Backend> {
+        crate::pg::shared().map(Backend::Postgres)
+    }
+}
+
+/// How to start a relay.
+#[derive(Clone, Debug, Default)]
+pub struct RelayOptions {
+    /// Extra TOML appended to the generated config file.
+    pub config_toml: String,
+    /// Extra environment variables.
+    pub env: Vec<(String, String)>,
+}
+
+/// A data directory with a database, shared by the relay processes of one test.
+pub struct Store {
+    pub dir: tempfile::TempDir,
+    pub database_url: String,
+    pub backend: Backend,
+}
+
+impl Store {
+    pub fn new(backend: &Backend) -> Arc<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("relay-test-")
+            .tempdir()
+            .expect("tempdir");
+        let database_url = match backend {
+            Backend::Sqlite => format!("sqlite://{}", dir.path().join("relay.db").display()),
+            Backend::Postgres(server) => server.create_database(),
+        };
+        Arc::new(Self {
+            dir,
+            database_url,
+            backend: backend.clone(),
+        })
+    }
+}
+
+/// A running relay process.
+pub struct Relay {
+    child: Option<Child>,
+    pub addr: SocketAddr,
+    pub store: Arc<Store>,
+    pub options: RelayOptions,
+    log_path: PathBuf,
+}
+
+impl Relay {
+    /// Starts a relay on a fresh store.
+    pub fn start(backend: &Backend) -> Relay {
+        Self::start_with(Store::new(backend), RelayOptions::default())
+    }
+
+    /// Starts a relay on a fresh store with options.
+    pub fn start_opts(backend: &Backend, options: RelayOptions) -> Relay {
+        Self::start_with(Store::new(backend), options)
+    }
+
+    /// Starts a relay on an existing store (a restart, or a second process).
+    pub fn start_with(store: Arc<Store>, options: RelayOptions) -> Relay {
+        let (child, addr, log_path) = spawn_process(&store, &options);
+        Relay {
+            child: Some(child),
+            addr,
+            store,
+            options,
+            log_path,
+        }
+    }
+    /// `ws://127.0.0.1:<port>`
+    pub fn ws_url(&self) -> String {
+        format!("ws://{}", self.addr)
+    }
+
+    /// `http://127.0.0.1:<port>`
+    pub fn http_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Kills the process with SIGKILL and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut c = self.child.take().expect("relay running");
+        // SAFETY: sending a signal to a child process id we own.
+        unsafe {
+            libc::kill(c.id() as i32, libc::SIGTERM);
+        }
+        for _ in 0..300 {
+            if let Ok(Some(status)) = c.try_wait() {
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = c.kill();
+        panic!("relay did not exit within 15 s of SIGTERM");
+    }
+
+    /// Restarts on the same store (after kill or terminate).
+    pub fn restart(&mut self) {
+        self.kill();
+        let (child, addr, log_path) = spawn_process(&self.store, &self.options);
+        self.child = Some(child);
+        self.addr = addr;
+        self.log_path = log_path;
+    }
+
+    /// Runs `relay <args>` against this relay's database and returns stdout.
+    pub fn cli(&self, args: &[&str]) -> String {
+        run_cli(&self.store.database_url, args)
+    }
+
+    /// The relay's log so far.
+    pub fn log(&self) -> String {
+        read_log(&self.log_path)
+    }
+}
+
+/// Runs the relay CLI against a database.
+pub fn run_cli(database_url: &str, args: &[&str]) -> String {
+    let out = Command::new(workspace_bin("relay"))
+        .args(["--database-url", database_url, "--log", "warn"])
+        .args(args)
+        .env_remove("RELAY_CONFIG")
+        .output()
+        .expect("run relay cli");
+    assert!(
+        out.status.success(),
+        "relay {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn spawn_process(store: &Store, options: &RelayOptions) -> (Child, SocketAddr, PathBuf) {
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let config_path = store.dir.path().join(format!("relay-{n}.toml"));
+    std::fs::write(&config_path, &options.config_toml).expect("write config");
+    let log_path = store.dir.path().join(format!("relay-{n}.log"));
+    let log = std::fs::File::create(&log_path).expect("log file");
+    let mut cmd = Command::new(workspace_bin("relay"));
+    cmd.arg("--config")
+        .arg(&config_path)
+        .args(["--listen", "127.0.0.1:0", "--database-url", &store.database_url])
+        .env("RELAY_LOG", "info,relay=debug")
+        .env_remove("RELAY_CONFIG")
+        .stdout(Stdio::piped())
+        .stderr(log);
+    for (k, v) in &options.env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn relay");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        if let Some(Ok(line)) = lines.next() {
+            let _ = tx.send(line);
+        }
+        // Keep draining so the child never blocks on a full pipe.
+        for _ in lines {}
+    });
+    let line = match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(line) => line,
+        Err(_) => {
+            let _ = child.kill();
+            panic!("relay did not start; log:\n{}", read_log(&log_path));
+        }
+    };
+    let addr: SocketAddr = line
+        .split_whitespace()
+        .nth(3)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+    (child, addr, log_path)
+}
+
+fn read_log(path: &Path) -> String {
+    let mut s = String::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        let _ = f.read_to_string(&mut s);
+    }
+    s
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            let log = self.log();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            eprintln!("--- relay log tail ({}) ---", self.log_path.display());
+            for l in tail.into_iter().rev() {
+                eprintln!("{l}");
+            }
+        }
+    }
+}
