@@ -215,9 +215,29 @@ impl Drop for PgServer {
     }
 }
 
+fn skip_or_fail(e: &str) {
+    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+        panic!("PostgreSQL is required under CI=true: {e}");
+    }
+    eprintln!("\n!!! SKIPPING PostgreSQL test: {e} !!!\n");
+}
+
+/// A server of the calling test's own (for tests that stop and restart it);
+/// `None` (loudly) when PostgreSQL is missing outside CI.
+pub fn own_server() -> Option<PgServer> {
+    match PgServer::start() {
+        Ok(s) => Some(s),
+        Err(e) => {
+            skip_or_fail(&e);
+            None
+        }
+    }
+}
+
 /// The server shared by all tests of this process, started on first use
 /// from a thread that lives as long as the process.
 pub fn shared() -> Option<Arc<PgServer>> {
+    remove_stale_servers();
     static SHARED: OnceLock<Result<Arc<PgServer>, String>> = OnceLock::new();
     let r = SHARED.get_or_init(|| {
         let (tx, rx) = std::sync::mpsc::channel();
@@ -235,11 +255,35 @@ pub fn shared() -> Option<Arc<PgServer>> {
     match r {
         Ok(s) => Some(s.clone()),
         Err(e) => {
-            if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
-                panic!("PostgreSQL is required under CI=true: {e}");
-            }
-            eprintln!("\n!!! SKIPPING PostgreSQL test: {e} !!!\n");
+            skip_or_fail(e);
             None
+        }
+    }
+}
+
+/// Removes data directories of earlier test runs whose server is gone (the
+/// shared server of a test process is never dropped, so its directory stays).
+fn remove_stale_servers() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().starts_with("relay-pg-") {
+            continue;
+        }
+        let pid_file = entry.path().join("data").join("postmaster.pid");
+        let alive = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|s| s.lines().next().and_then(|l| l.trim().parse::<i32>().ok()))
+            // SAFETY: signal 0 only checks that the process exists.
+            .is_some_and(|pid| unsafe { libc::kill(pid, 0) } == 0);
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > Duration::from_secs(600));
+        if !alive && old {
+            let _ = std::fs::remove_dir_all(entry.path());
         }
     }
 }
