@@ -22,7 +22,7 @@ CREATE TABLE events (
     created_at   BIGINT NOT NULL,
     id           BYTEA  NOT NULL,
     pubkey       BYTEA  NOT NULL,
-    kind         INTEGER NOT NULL,
+    kind         BIGINT NOT NULL,
     d_tag        TEXT,
     expires_at   BIGINT,
     raw          TEXT   NOT NULL,

@@ -36,16 +36,18 @@ CREATE INDEX events_by_expiry ON events (expires_at) WHERE expires_at IS NOT NUL
 -- Single-letter tags (first value), for #x filters. Values are capped by
 -- limits.max_tag_value_bytes at ingest.
 CREATE TABLE event_tags (
-    community_id TEXT NOT NULL,
-    event_id     BLOB NOT NULL,
-    name         TEXT NOT NULL,
-    value        TEXT NOT NULL,
-    created_at   INTEGER NOT NULL,
+    community_id     TEXT    NOT NULL,
+    event_created_at INTEGER NOT NULL,
+    event_id         BLOB    NOT NULL,
+    name             TEXT    NOT NULL,
+    value            TEXT    NOT NULL,
+    -- Same columns as on PostgreSQL (which indexes the hash); unused here.
+    value_hash       BLOB    NOT NULL,
     PRIMARY KEY (community_id, event_id, name, value),
     FOREIGN KEY (community_id, event_id) REFERENCES events (community_id, id) ON DELETE CASCADE
 ) WITHOUT ROWID;
 
-CREATE INDEX event_tags_by_value ON event_tags (community_id, name, value, created_at DESC);
+CREATE INDEX event_tags_by_value ON event_tags (community_id, name, value, event_created_at DESC);
 
 -- NIP-09: what an author deleted, so that a deleted event sent again stays deleted.
 -- target is the event id in hex, or 'a:<kind>:<d>' for an address, in which case

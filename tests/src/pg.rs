@@ -264,7 +264,9 @@ pub fn shared() -> Option<Arc<PgServer>> {
 /// Removes data directories of earlier test runs whose server is gone (the
 /// shared server of a test process is never dropped, so its directory stays).
 fn remove_stale_servers() {
-    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else { return };
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
     for entry in entries.flatten() {
         let name = entry.file_name();
         if !name.to_string_lossy().starts_with("relay-pg-") {

@@ -15,7 +15,9 @@ fn hex(k: &Keys) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_share_live_events_exactly_once() {
-    let Some(backend) = Backend::postgres() else { return };
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
     let store = Store::new(&backend);
     let a = Relay::start_with(store.clone(), RelayOptions::default());
     let b = Relay::start_with(store.clone(), RelayOptions::default());
@@ -23,7 +25,13 @@ async fn two_processes_share_live_events_exactly_once() {
 
     // A subscriber on B receives, once, an event published on A.
     let mut sub_b = Client::connect(&b.ws_url()).await;
-    sub_b.req("s", vec![json!({"authors": [hex(&k)], "kinds": [1]}), json!({"kinds": [1]})]).await.events();
+    sub_b
+        .req(
+            "s",
+            vec![json!({"authors": [hex(&k)], "kinds": [1]}), json!({"kinds": [1]})],
+        )
+        .await
+        .events();
     let mut pub_a = Client::connect(&a.ws_url()).await;
     let e = event(&k, 1, "from A", &[]);
     pub_a.publish_ok(&e).await;
@@ -40,12 +48,17 @@ async fn two_processes_share_live_events_exactly_once() {
     let target = Keys::generate();
     let mut right = Client::connect(&b.ws_url()).await;
     right.auth(&target).await;
-    right.req("w", vec![json!({"kinds": [24620], "#p": [hex(&target)]})]).await.events();
+    right
+        .req("w", vec![json!({"kinds": [24620], "#p": [hex(&target)]})])
+        .await
+        .events();
     let mut wrong = Client::connect(&b.ws_url()).await;
     wrong.auth(&Keys::generate()).await;
     wrong.req("w", vec![json!({"kinds": [24620]})]).await.events();
     let mut anon = Client::connect(&b.ws_url()).await;
-    anon.req("all", vec![json!({"authors": [hex(&k)]})]).await.events();
+    anon.req("all", vec![json!({"authors": [hex(&k)]})])
+        .await
+        .events();
     let wake = event(&k, 24620, "", &[&["p", &hex(&target)]]);
     pub_a.publish_ok(&wake).await;
     assert_eq!(right.next_event("w").await.id, wake.id);
@@ -65,15 +78,24 @@ async fn two_processes_share_live_events_exactly_once() {
     // And the subscriber on B saw it once.
     assert_eq!(sub_b.next_event("s").await.id, dup.id);
     sub_b.expect_silence(Duration::from_millis(500)).await;
-    let Backend::Postgres(server) = &backend else { unreachable!() };
+    let Backend::Postgres(server) = &backend else {
+        unreachable!()
+    };
     let db = store.database_url.rsplit('/').next().unwrap().to_string();
-    let n = server.psql(&db, &format!("SELECT count(*) FROM events WHERE id = '\\x{}'", dup.id.to_hex())).unwrap();
+    let n = server
+        .psql(
+            &db,
+            &format!("SELECT count(*) FROM events WHERE id = '\\x{}'", dup.id.to_hex()),
+        )
+        .unwrap();
     assert_eq!(n, "1");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_replacements_across_processes_keep_the_newest() {
-    let Some(backend) = Backend::postgres() else { return };
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
     let store = Store::new(&backend);
     let a = Relay::start_with(store.clone(), RelayOptions::default());
     let b = Relay::start_with(store.clone(), RelayOptions::default());
@@ -81,8 +103,9 @@ async fn concurrent_replacements_across_processes_keep_the_newest() {
     let mut ca = Client::connect(&a.ws_url()).await;
     let mut cb = Client::connect(&b.ws_url()).await;
     let base = tests::now() - 1000;
-    let versions: Vec<_> =
-        (0..20).map(|i| tests::event_at(&k, 10002, &format!("v{i}"), &[], base + i)).collect();
+    let versions: Vec<_> = (0..20)
+        .map(|i| tests::event_at(&k, 10002, &format!("v{i}"), &[], base + i))
+        .collect();
     for (i, v) in versions.iter().enumerate() {
         let c = if i % 2 == 0 { &mut ca } else { &mut cb };
         c.send(json!(["EVENT", v])).await;
@@ -91,25 +114,35 @@ async fn concurrent_replacements_across_processes_keep_the_newest() {
         let c = if i % 2 == 0 { &mut ca } else { &mut cb };
         c.wait_ok(&v.id.to_hex()).await;
     }
-    let got = ca.req("r", vec![json!({"kinds": [10002], "authors": [hex(&k)]})]).await.events();
+    let got = ca
+        .req("r", vec![json!({"kinds": [10002], "authors": [hex(&k)]})])
+        .await
+        .events();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].id, versions[19].id);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_survives_a_database_restart() {
-    let Some(server) = tests::pg::own_server() else { return };
+    let Some(server) = tests::pg::own_server() else {
+        return;
+    };
     let server = Arc::new(server);
     let backend = Backend::Postgres(server.clone());
     let relay = Relay::start_opts(
         &backend,
-        RelayOptions { config_toml: "[postgres]\nacquire_timeout_ms = 1000\n".into(), ..Default::default() },
+        RelayOptions {
+            config_toml: "[postgres]\nacquire_timeout_ms = 1000\n".into(),
+            ..Default::default()
+        },
     );
     let k = Keys::generate();
     let mut acked = Vec::new();
     let mut c = Client::connect(&relay.ws_url()).await;
     let mut sub = Client::connect(&relay.ws_url()).await;
-    sub.req("live", vec![json!({"authors": [hex(&k)], "limit": 0})]).await.events();
+    sub.req("live", vec![json!({"authors": [hex(&k)], "limit": 0})])
+        .await
+        .events();
     for i in 0..10 {
         let e = event(&k, 1, &format!("before {i}"), &[]);
         c.publish_ok(&e).await;
@@ -141,7 +174,11 @@ async fn relay_survives_a_database_restart() {
         acked.push(e);
     }
     let got = c.req("all", vec![json!({"authors": [hex(&k)]})]).await.events();
-    assert_eq!(got.len(), acked.len(), "acknowledged events lost across the database restart");
+    assert_eq!(
+        got.len(),
+        acked.len(),
+        "acknowledged events lost across the database restart"
+    );
     // Live subscribers on the same process keep receiving.
     let live = event(&k, 1, "live after restart", &[]);
     c.publish_ok(&live).await;
@@ -154,17 +191,29 @@ async fn relay_survives_a_database_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitions_ahead_and_large_tag_values() {
-    let Some(backend) = Backend::postgres() else { return };
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
     let relay = Relay::start(&backend);
-    let Backend::Postgres(server) = &backend else { unreachable!() };
+    let Backend::Postgres(server) = &backend else {
+        unreachable!()
+    };
     let db = relay.store.database_url.rsplit('/').next().unwrap().to_string();
     let parts = server
-        .psql(&db, "SELECT count(*) FROM pg_inherits WHERE inhparent = 'events'::regclass")
+        .psql(
+            &db,
+            "SELECT count(*) FROM pg_inherits WHERE inhparent = 'events'::regclass",
+        )
         .unwrap();
     // Default partition + the current month + 3 ahead.
     assert_eq!(parts, "5", "partitions: {parts}");
     let now = time_now_partition();
-    let exists = server.psql(&db, &format!("SELECT count(*) FROM pg_class WHERE relname = '{now}'")).unwrap();
+    let exists = server
+        .psql(
+            &db,
+            &format!("SELECT count(*) FROM pg_class WHERE relname = '{now}'"),
+        )
+        .unwrap();
     assert_eq!(exists, "1", "no partition {now}");
     // A 1000-byte tag value is stored and found by #t; a longer one is refused.
     let mut c = Client::connect(&relay.ws_url()).await;
@@ -173,7 +222,9 @@ async fn partitions_ahead_and_large_tag_values() {
     let e = event(&k, 1, "long tag", &[&["t", &long]]);
     c.publish_ok(&e).await;
     assert_eq!(c.req("t", vec![json!({"#t": [long]})]).await.events().len(), 1);
-    let (ok, msg) = c.publish(&event(&k, 1, "too long", &[&["t", &"w".repeat(5000)]])).await;
+    let (ok, msg) = c
+        .publish(&event(&k, 1, "too long", &[&["t", &"w".repeat(5000)]]))
+        .await;
     assert!(!ok && msg.starts_with("invalid:"), "{msg}");
     // The event landed in its month's partition, not the default one.
     let n = server.psql(&db, &format!("SELECT count(*) FROM {now}")).unwrap();
@@ -181,6 +232,9 @@ async fn partitions_ahead_and_large_tag_values() {
 }
 
 fn time_now_partition() -> String {
-    let out = std::process::Command::new("date").args(["-u", "+events_y%Ym%m"]).output().expect("date");
+    let out = std::process::Command::new("date")
+        .args(["-u", "+events_y%Ym%m"])
+        .output()
+        .expect("date");
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }

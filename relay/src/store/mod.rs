@@ -11,9 +11,11 @@
 //! - replaceable/addressable/deletion rules are decided inside the same
 //!   transaction that writes, so concurrent writers cannot both win.
 
+pub mod db;
 pub mod postgres;
 pub mod sql;
 pub mod sqlite;
+pub mod sqlstore;
 
 use async_trait::async_trait;
 use nostr::prelude::{Event, Filter, PublicKey};
@@ -152,14 +154,15 @@ pub trait Store: Send + Sync + 'static {
 /// Opens the backend the URL names and runs its migrations.
 pub async fn open(cfg: &crate::config::Config) -> Result<std::sync::Arc<dyn Store>, StoreError> {
     let url = cfg.database_url.as_str();
+    let ahead = cfg.postgres.partition_months_ahead;
     if url.starts_with("sqlite:") {
-        Ok(std::sync::Arc::new(
-            sqlite::SqliteStore::open(url, &cfg.sqlite).await?,
-        ))
+        let pool = db::Pool::Sqlite(sqlite::open(url, &cfg.sqlite).await?);
+        Ok(std::sync::Arc::new(sqlstore::SqlStore::new(pool, ahead)))
     } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-        Ok(std::sync::Arc::new(
-            postgres::PgStore::open(url, &cfg.postgres).await?,
-        ))
+        let pool = db::Pool::Postgres(postgres::open(url, &cfg.postgres).await?);
+        let store = sqlstore::SqlStore::new(pool, ahead);
+        store.maintain(crate::state::unix_now()).await?;
+        Ok(std::sync::Arc::new(store))
     } else {
         Err(StoreError::Conflict(format!(
             "unsupported database URL {url:?}: use sqlite://path or postgres://…"

@@ -22,8 +22,21 @@ pub enum Dialect {
 #[derive(Debug, Clone)]
 pub enum Bind {
     Int(i64),
+    OptInt(Option<i64>),
     Text(String),
+    OptText(Option<String>),
     Blob(Vec<u8>),
+    Bool(bool),
+}
+
+impl Dialect {
+    /// SQL expression for the database clock in unix seconds.
+    pub fn now(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => "unixepoch()",
+            Dialect::Postgres => "CAST(floor(extract(epoch FROM now())) AS BIGINT)",
+        }
+    }
 }
 
 /// A statement under construction.
@@ -48,15 +61,11 @@ impl Sql {
         self
     }
 
-    /// Appends a placeholder for `b`.
+    /// Appends a placeholder for `b` (`$n`, which both backends accept).
     pub fn bind(&mut self, b: Bind) -> &mut Self {
         self.binds.push(b);
         let n = self.binds.len();
-        match self.dialect {
-            Dialect::Sqlite => write!(self.text, "?{n}"),
-            Dialect::Postgres => write!(self.text, "${n}"),
-        }
-        .expect("writing to a String cannot fail");
+        write!(self.text, "${n}").expect("writing to a String cannot fail");
         self
     }
 

@@ -1,0 +1,413 @@
+//! One SQL interface over both backends, so that every storage rule is
+//! written once.
+//!
+//! Statements use `$1…$n` placeholders, which both SQLite and PostgreSQL
+//! accept; the few real differences (clock expression, locking, `SKIP
+//! LOCKED`) are asked of [`Dialect`]. Rows come back as neutral [`Row`]s.
+
+use sqlx::postgres::{PgArguments, PgPool, PgRow};
+use sqlx::sqlite::{SqliteArguments, SqlitePool, SqliteRow};
+use sqlx::{Arguments, Database, Decode, Postgres, Sqlite, Transaction, Type, ValueRef};
+
+pub use super::sql::{Bind, Dialect};
+use super::StoreError;
+
+/// A connection pool of either backend.
+#[derive(Clone, Debug)]
+pub enum Pool {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+/// An open transaction of either backend.
+pub enum Tx {
+    Sqlite(Transaction<'static, Sqlite>),
+    Postgres(Transaction<'static, Postgres>),
+}
+
+/// A neutral column value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Val {
+    Null,
+    Int(i64),
+    Text(String),
+    Blob(Vec<u8>),
+    Bool(bool),
+}
+
+/// A neutral row.
+#[derive(Debug, Clone)]
+pub struct Row(pub Vec<Val>);
+
+impl Row {
+    fn col(&self, i: usize) -> Result<&Val, StoreError> {
+        self.0
+            .get(i)
+            .ok_or_else(|| StoreError::Corrupt(format!("missing column {i}")))
+    }
+
+    pub fn int(&self, i: usize) -> Result<i64, StoreError> {
+        self.opt_int(i)?
+            .ok_or_else(|| StoreError::Corrupt(format!("column {i} is null")))
+    }
+
+    pub fn opt_int(&self, i: usize) -> Result<Option<i64>, StoreError> {
+        match self.col(i)? {
+            Val::Int(v) => Ok(Some(*v)),
+            Val::Bool(b) => Ok(Some(i64::from(*b))),
+            Val::Null => Ok(None),
+            other => Err(StoreError::Corrupt(format!(
+                "column {i}: expected integer, got {other:?}"
+            ))),
+        }
+    }
+
+    pub fn text(&self, i: usize) -> Result<String, StoreError> {
+        self.opt_text(i)?
+            .ok_or_else(|| StoreError::Corrupt(format!("column {i} is null")))
+    }
+
+    pub fn opt_text(&self, i: usize) -> Result<Option<String>, StoreError> {
+        match self.col(i)? {
+            Val::Text(v) => Ok(Some(v.clone())),
+            Val::Null => Ok(None),
+            other => Err(StoreError::Corrupt(format!(
+                "column {i}: expected text, got {other:?}"
+            ))),
+        }
+    }
+
+    pub fn blob(&self, i: usize) -> Result<Vec<u8>, StoreError> {
+        match self.col(i)? {
+            Val::Blob(v) => Ok(v.clone()),
+            other => Err(StoreError::Corrupt(format!(
+                "column {i}: expected bytes, got {other:?}"
+            ))),
+        }
+    }
+
+    pub fn bool(&self, i: usize) -> Result<bool, StoreError> {
+        match self.col(i)? {
+            Val::Bool(b) => Ok(*b),
+            Val::Int(v) => Ok(*v != 0),
+            other => Err(StoreError::Corrupt(format!(
+                "column {i}: expected boolean, got {other:?}"
+            ))),
+        }
+    }
+
+    pub fn id32(&self, i: usize) -> Result<[u8; 32], StoreError> {
+        <[u8; 32]>::try_from(self.blob(i)?.as_slice())
+            .map_err(|_| StoreError::Corrupt(format!("column {i} is not 32 bytes")))
+    }
+}
+
+/// A statement and its binds.
+#[derive(Debug, Clone)]
+pub struct Q {
+    pub sql: String,
+    pub binds: Vec<Bind>,
+}
+
+impl Q {
+    pub fn new(sql: impl Into<String>) -> Self {
+        Self {
+            sql: sql.into(),
+            binds: Vec::new(),
+        }
+    }
+
+    /// Adds the next bind (`$n` in order).
+    pub fn bind(mut self, b: impl Into<Bind>) -> Self {
+        self.binds.push(b.into());
+        self
+    }
+}
+
+impl From<i64> for Bind {
+    fn from(v: i64) -> Self {
+        Bind::Int(v)
+    }
+}
+impl From<Option<i64>> for Bind {
+    fn from(v: Option<i64>) -> Self {
+        Bind::OptInt(v)
+    }
+}
+impl From<bool> for Bind {
+    fn from(v: bool) -> Self {
+        Bind::Bool(v)
+    }
+}
+impl From<String> for Bind {
+    fn from(v: String) -> Self {
+        Bind::Text(v)
+    }
+}
+impl From<&str> for Bind {
+    fn from(v: &str) -> Self {
+        Bind::Text(v.to_string())
+    }
+}
+impl From<&String> for Bind {
+    fn from(v: &String) -> Self {
+        Bind::Text(v.clone())
+    }
+}
+impl From<Option<String>> for Bind {
+    fn from(v: Option<String>) -> Self {
+        Bind::OptText(v)
+    }
+}
+impl From<Vec<u8>> for Bind {
+    fn from(v: Vec<u8>) -> Self {
+        Bind::Blob(v)
+    }
+}
+impl From<&[u8]> for Bind {
+    fn from(v: &[u8]) -> Self {
+        Bind::Blob(v.to_vec())
+    }
+}
+impl From<[u8; 32]> for Bind {
+    fn from(v: [u8; 32]) -> Self {
+        Bind::Blob(v.to_vec())
+    }
+}
+
+fn sqlite_args(binds: Vec<Bind>) -> Result<SqliteArguments, StoreError> {
+    let mut a = SqliteArguments::default();
+    for b in binds {
+        let r = match b {
+            Bind::Int(v) => a.add(v),
+            Bind::OptInt(v) => a.add(v),
+            Bind::Text(v) => a.add(v),
+            Bind::OptText(v) => a.add(v),
+            Bind::Blob(v) => a.add(v),
+            Bind::Bool(v) => a.add(v),
+        };
+        r.map_err(|e| StoreError::Corrupt(format!("bind: {e}")))?;
+    }
+    Ok(a)
+}
+
+fn pg_args(binds: Vec<Bind>) -> Result<PgArguments, StoreError> {
+    let mut a = PgArguments::default();
+    for b in binds {
+        let r = match b {
+            Bind::Int(v) => a.add(v),
+            Bind::OptInt(v) => a.add(v),
+            Bind::Text(v) => a.add(v),
+            Bind::OptText(v) => a.add(v),
+            Bind::Blob(v) => a.add(v),
+            Bind::Bool(v) => a.add(v),
+        };
+        r.map_err(|e| StoreError::Corrupt(format!("bind: {e}")))?;
+    }
+    Ok(a)
+}
+
+fn neutral<DB, R>(row: &R) -> Result<Row, StoreError>
+where
+    DB: Database,
+    R: sqlx::Row<Database = DB>,
+    usize: sqlx::ColumnIndex<R>,
+    i64: Type<DB> + for<'r> Decode<'r, DB>,
+    i32: Type<DB> + for<'r> Decode<'r, DB>,
+    String: Type<DB> + for<'r> Decode<'r, DB>,
+    Vec<u8>: Type<DB> + for<'r> Decode<'r, DB>,
+    bool: Type<DB> + for<'r> Decode<'r, DB>,
+{
+    let mut out = Vec::with_capacity(row.len());
+    for i in 0..row.len() {
+        let raw = row.try_get_raw(i)?;
+        if raw.is_null() {
+            out.push(Val::Null);
+            continue;
+        }
+        let ty = raw.type_info().into_owned();
+        let v = if <i64 as Type<DB>>::compatible(&ty) {
+            Val::Int(row.try_get::<i64, _>(i)?)
+        } else if <i32 as Type<DB>>::compatible(&ty) {
+            Val::Int(i64::from(row.try_get::<i32, _>(i)?))
+        } else if <bool as Type<DB>>::compatible(&ty) {
+            Val::Bool(row.try_get::<bool, _>(i)?)
+        } else if <String as Type<DB>>::compatible(&ty) {
+            Val::Text(row.try_get::<String, _>(i)?)
+        } else if <Vec<u8> as Type<DB>>::compatible(&ty) {
+            Val::Blob(row.try_get::<Vec<u8>, _>(i)?)
+        } else {
+            return Err(StoreError::Corrupt(format!(
+                "column {i}: unsupported type {ty:?}"
+            )));
+        };
+        out.push(v);
+    }
+    Ok(Row(out))
+}
+
+fn sqlite_row(r: &SqliteRow) -> Result<Row, StoreError> {
+    neutral::<Sqlite, _>(r)
+}
+
+fn pg_row(r: &PgRow) -> Result<Row, StoreError> {
+    neutral::<Postgres, _>(r)
+}
+
+macro_rules! dispatch {
+    ($self:expr, $conn:ident, $q:expr, $method:ident, $conv:ident) => {{
+        let q: Q = $q;
+        match $self {
+            Tx::Sqlite(tx) => {
+                let args = sqlite_args(q.binds)?;
+                let r = sqlx::query_with(sqlx::AssertSqlSafe(q.sql), args)
+                    .$method(&mut **tx)
+                    .await?;
+                $conv!(r, sqlite_row)
+            }
+            Tx::Postgres(tx) => {
+                let args = pg_args(q.binds)?;
+                let r = sqlx::query_with(sqlx::AssertSqlSafe(q.sql), args)
+                    .$method(&mut **tx)
+                    .await?;
+                $conv!(r, pg_row)
+            }
+        }
+    }};
+}
+
+macro_rules! conv_exec {
+    ($r:expr, $f:ident) => {
+        Ok($r.rows_affected())
+    };
+}
+macro_rules! conv_opt {
+    ($r:expr, $f:ident) => {
+        $r.as_ref().map($f).transpose()
+    };
+}
+macro_rules! conv_all {
+    ($r:expr, $f:ident) => {
+        $r.iter().map($f).collect()
+    };
+}
+
+impl Tx {
+    pub fn dialect(&self) -> Dialect {
+        match self {
+            Tx::Sqlite(_) => Dialect::Sqlite,
+            Tx::Postgres(_) => Dialect::Postgres,
+        }
+    }
+
+    /// Runs a statement; returns the number of rows it affected.
+    pub async fn exec(&mut self, q: Q) -> Result<u64, StoreError> {
+        dispatch!(self, tx, q, execute, conv_exec)
+    }
+
+    /// The first row, if any.
+    pub async fn one(&mut self, q: Q) -> Result<Option<Row>, StoreError> {
+        dispatch!(self, tx, q, fetch_optional, conv_opt)
+    }
+
+    /// Every row.
+    pub async fn all(&mut self, q: Q) -> Result<Vec<Row>, StoreError> {
+        dispatch!(self, tx, q, fetch_all, conv_all)
+    }
+
+    /// `true` when the query returns a row.
+    pub async fn exists(&mut self, q: Q) -> Result<bool, StoreError> {
+        Ok(self.one(q).await?.is_some())
+    }
+
+    /// Serialises this transaction against others taking the same key, until
+    /// it ends. SQLite needs nothing: `BEGIN IMMEDIATE` already holds the one
+    /// write lock.
+    pub async fn lock(&mut self, key: &str) -> Result<(), StoreError> {
+        if self.dialect() == Dialect::Postgres {
+            self.exec(Q::new("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))").bind(key))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The database clock, unix seconds.
+    pub async fn now(&mut self) -> Result<i64, StoreError> {
+        let sql = format!("SELECT {}", self.dialect().now());
+        self.one(Q::new(sql))
+            .await?
+            .ok_or_else(|| StoreError::Corrupt("no clock".into()))?
+            .int(0)
+    }
+
+    pub async fn commit(self) -> Result<(), StoreError> {
+        match self {
+            Tx::Sqlite(tx) => tx.commit().await?,
+            Tx::Postgres(tx) => tx.commit().await?,
+        }
+        Ok(())
+    }
+}
+
+impl Pool {
+    pub fn dialect(&self) -> Dialect {
+        match self {
+            Pool::Sqlite(_) => Dialect::Sqlite,
+            Pool::Postgres(_) => Dialect::Postgres,
+        }
+    }
+
+    /// A write transaction: `BEGIN IMMEDIATE` on SQLite (take the write lock
+    /// before reading what the writer decides on), plain `BEGIN` on PostgreSQL
+    /// (whose callers take row or advisory locks as they need).
+    pub async fn begin(&self) -> Result<Tx, StoreError> {
+        Ok(match self {
+            Pool::Sqlite(p) => Tx::Sqlite(p.begin_with("BEGIN IMMEDIATE").await?),
+            Pool::Postgres(p) => Tx::Postgres(p.begin().await?),
+        })
+    }
+
+    /// A read: every row of one statement, outside any write transaction.
+    pub async fn all(&self, q: Q) -> Result<Vec<Row>, StoreError> {
+        match self {
+            Pool::Sqlite(p) => {
+                let rows = sqlx::query_with(sqlx::AssertSqlSafe(q.sql), sqlite_args(q.binds)?)
+                    .fetch_all(p)
+                    .await?;
+                rows.iter().map(sqlite_row).collect()
+            }
+            Pool::Postgres(p) => {
+                let rows = sqlx::query_with(sqlx::AssertSqlSafe(q.sql), pg_args(q.binds)?)
+                    .fetch_all(p)
+                    .await?;
+                rows.iter().map(pg_row).collect()
+            }
+        }
+    }
+
+    /// A read of at most one row.
+    pub async fn one(&self, q: Q) -> Result<Option<Row>, StoreError> {
+        Ok(self.all(q).await?.into_iter().next())
+    }
+
+    /// A statement outside any explicit transaction.
+    pub async fn exec(&self, q: Q) -> Result<u64, StoreError> {
+        Ok(match self {
+            Pool::Sqlite(p) => sqlx::query_with(sqlx::AssertSqlSafe(q.sql), sqlite_args(q.binds)?)
+                .execute(p)
+                .await?
+                .rows_affected(),
+            Pool::Postgres(p) => sqlx::query_with(sqlx::AssertSqlSafe(q.sql), pg_args(q.binds)?)
+                .execute(p)
+                .await?
+                .rows_affected(),
+        })
+    }
+
+    pub async fn close(&self) {
+        match self {
+            Pool::Sqlite(p) => p.close().await,
+            Pool::Postgres(p) => p.close().await,
+        }
+    }
+}

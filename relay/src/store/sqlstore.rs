@@ -1,0 +1,422 @@
+//! The one implementation of [`Store`] over both SQL backends.
+//!
+//! Every storage rule is written here once, against [`Tx`]; what differs
+//! between SQLite and PostgreSQL (opening, partitions, cross-process
+//! fan-out) lives in `sqlite.rs` and `postgres.rs`.
+
+use async_trait::async_trait;
+use nostr::prelude::{Event, Filter};
+use tokio::sync::mpsc;
+
+use super::db::{Pool, Tx, Q};
+use super::sql::{self, value_hash, Dialect};
+use super::{
+    address_key, deletion_targets, expiration, indexed_tags, replacement_key, CommunityRecord, InsertOutcome,
+    ReadScope, RemoteEvent, Store, StoreError, StoredEvent,
+};
+
+/// A store on SQLite or PostgreSQL.
+pub struct SqlStore {
+    pub(crate) pool: Pool,
+    /// Identifies this process in cross-process announcements (PostgreSQL).
+    origin: String,
+    partition_months_ahead: u32,
+}
+
+impl SqlStore {
+    pub fn new(pool: Pool, partition_months_ahead: u32) -> Self {
+        Self {
+            pool,
+            origin: hex::encode(rand::random::<[u8; 8]>()),
+            partition_months_ahead,
+        }
+    }
+
+    pub fn dialect(&self) -> Dialect {
+        self.pool.dialect()
+    }
+
+    /// Announces a committed (or, inside `tx`, committing) event to other
+    /// relay processes. Only PostgreSQL has other processes.
+    pub(crate) async fn announce(&self, tx: &mut Tx, community: &str, raw: &str) -> Result<(), StoreError> {
+        if tx.dialect() == Dialect::Postgres {
+            super::postgres::notify(tx, &self.origin, community, raw).await?;
+        }
+        Ok(())
+    }
+
+    async fn hosts_of(&self, id: &str) -> Result<Vec<String>, StoreError> {
+        let rows = self
+            .pool
+            .all(Q::new("SELECT host FROM community_hosts WHERE community_id = $1 ORDER BY host").bind(id))
+            .await?;
+        rows.iter().map(|r| r.text(0)).collect()
+    }
+
+    async fn community_rows(&self, q: Q) -> Result<Vec<CommunityRecord>, StoreError> {
+        let mut out = Vec::new();
+        for row in self.pool.all(q).await? {
+            let id = row.text(0)?;
+            let hosts = self.hosts_of(&id).await?;
+            out.push(CommunityRecord {
+                id,
+                relay_url: row.text(1)?,
+                secret_key_hex: row.text(2)?,
+                hosts,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// Stores `event` inside `tx` under the NIP-01/09/40 rules. The caller
+/// commits (or, on anything but `Stored`, may simply drop `tx`).
+pub(crate) async fn insert_event_tx(
+    tx: &mut Tx,
+    community: &str,
+    event: &Event,
+    raw: &str,
+    channel: Option<&str>,
+) -> Result<InsertOutcome, StoreError> {
+    let id = event.id.as_bytes().to_vec();
+    let pubkey = event.pubkey.to_bytes().to_vec();
+    let created_at = i64::try_from(event.created_at.as_secs()).unwrap_or(i64::MAX);
+    let kind = i64::from(event.kind.as_u16());
+    let d_tag = replacement_key(event);
+
+    // Every rule below is about one author's events: serialise per author.
+    tx.lock(&format!("{community}:{}", event.pubkey.to_hex())).await?;
+
+    let exists = Q::new("SELECT 1 FROM events WHERE community_id = $1 AND created_at = $2 AND id = $3")
+        .bind(community)
+        .bind(created_at)
+        .bind(id.clone());
+    if tx.exists(exists).await? {
+        return Ok(InsertOutcome::Duplicate);
+    }
+
+    // NIP-09: an event its author deleted stays deleted.
+    let address = d_tag.as_ref().map(|d| address_key(event.kind.as_u16(), d));
+    let deleted = Q::new(
+        "SELECT 1 FROM deletions WHERE community_id = $1 AND pubkey = $2 \
+         AND (target = $3 OR (target = $4 AND deleted_until >= $5)) LIMIT 1",
+    )
+    .bind(community)
+    .bind(pubkey.clone())
+    .bind(event.id.to_hex())
+    .bind(address.unwrap_or_default())
+    .bind(created_at);
+    if tx.exists(deleted).await? {
+        return Ok(InsertOutcome::Rejected(
+            "blocked: this event was deleted by its author".into(),
+        ));
+    }
+
+    // Replaceable and addressable: keep only the newest (ties: lowest id).
+    if let Some(d) = &d_tag {
+        let versions = tx
+            .all(
+                Q::new(
+                    "SELECT id, created_at FROM events \
+                     WHERE community_id = $1 AND pubkey = $2 AND kind = $3 AND d_tag = $4",
+                )
+                .bind(community)
+                .bind(pubkey.clone())
+                .bind(kind)
+                .bind(d.as_str()),
+            )
+            .await?;
+        for v in &versions {
+            let (old_id, old_created) = (v.blob(0)?, v.int(1)?);
+            if old_created > created_at || (old_created == created_at && old_id < id) {
+                return Ok(InsertOutcome::Rejected(
+                    "duplicate: a newer version of this replaceable event is stored".into(),
+                ));
+            }
+        }
+        for v in versions {
+            tx.exec(
+                Q::new("DELETE FROM events WHERE community_id = $1 AND created_at = $2 AND id = $3")
+                    .bind(community)
+                    .bind(v.int(1)?)
+                    .bind(v.blob(0)?),
+            )
+            .await?;
+        }
+    }
+
+    tx.exec(
+        Q::new(
+            "INSERT INTO events (community_id, created_at, id, pubkey, kind, d_tag, expires_at, channel, raw) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        )
+        .bind(community)
+        .bind(created_at)
+        .bind(id.clone())
+        .bind(pubkey.clone())
+        .bind(kind)
+        .bind(d_tag.clone())
+        .bind(expiration(event))
+        .bind(channel.map(str::to_string))
+        .bind(raw),
+    )
+    .await?;
+    for (name, value) in indexed_tags(event) {
+        let hash = value_hash(&value).to_vec();
+        tx.exec(
+            Q::new(
+                "INSERT INTO event_tags (community_id, event_created_at, event_id, name, value, value_hash) \
+                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
+            )
+            .bind(community)
+            .bind(created_at)
+            .bind(id.clone())
+            .bind(name)
+            .bind(value)
+            .bind(hash),
+        )
+        .await?;
+    }
+
+    if event.kind.as_u16() == protocol::kinds::DELETION {
+        apply_deletion(tx, community, event, &pubkey, created_at).await?;
+    }
+    Ok(InsertOutcome::Stored)
+}
+
+async fn apply_deletion(
+    tx: &mut Tx,
+    community: &str,
+    event: &Event,
+    pubkey: &[u8],
+    created_at: i64,
+) -> Result<(), StoreError> {
+    let targets = deletion_targets(event);
+    for target in targets.ids {
+        tx.exec(
+            Q::new("DELETE FROM events WHERE community_id = $1 AND id = $2 AND pubkey = $3 AND kind <> $4")
+                .bind(community)
+                .bind(target)
+                .bind(pubkey)
+                .bind(i64::from(protocol::kinds::DELETION)),
+        )
+        .await?;
+        tx.exec(
+            Q::new(
+                "INSERT INTO deletions (community_id, pubkey, target, deleted_until) VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT (community_id, pubkey, target) DO NOTHING",
+            )
+            .bind(community)
+            .bind(pubkey)
+            .bind(hex::encode(target))
+            .bind(created_at),
+        )
+        .await?;
+    }
+    for (k, d) in targets.addresses {
+        tx.exec(
+            Q::new(
+                "DELETE FROM events WHERE community_id = $1 AND pubkey = $2 AND kind = $3 \
+                 AND d_tag = $4 AND created_at <= $5",
+            )
+            .bind(community)
+            .bind(pubkey)
+            .bind(i64::from(k))
+            .bind(d.as_str())
+            .bind(created_at),
+        )
+        .await?;
+        tx.exec(
+            Q::new(
+                "INSERT INTO deletions (community_id, pubkey, target, deleted_until) VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT (community_id, pubkey, target) DO UPDATE SET deleted_until = \
+                 CASE WHEN deletions.deleted_until > excluded.deleted_until \
+                 THEN deletions.deleted_until ELSE excluded.deleted_until END",
+            )
+            .bind(community)
+            .bind(pubkey)
+            .bind(address_key(k, &d))
+            .bind(created_at),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+fn stored(rows: Vec<super::db::Row>) -> Result<Vec<StoredEvent>, StoreError> {
+    rows.into_iter()
+        .map(|r| {
+            Ok(StoredEvent {
+                raw: r.text(0)?,
+                created_at: r.int(1)?,
+                id: r.id32(2)?,
+            })
+        })
+        .collect()
+}
+
+#[async_trait]
+impl Store for SqlStore {
+    fn backend(&self) -> &'static str {
+        match self.dialect() {
+            Dialect::Sqlite => "sqlite",
+            Dialect::Postgres => "postgres",
+        }
+    }
+
+    async fn community_for_host(&self, host: &str) -> Result<Option<CommunityRecord>, StoreError> {
+        let bare = protocol::host::without_port(host).to_string();
+        let q = Q::new(
+            "SELECT c.id, c.relay_url, c.secret_key_hex FROM community_hosts h \
+             JOIN communities c ON c.id = h.community_id \
+             WHERE h.host IN ($1, $2) ORDER BY length(h.host) DESC LIMIT 1",
+        )
+        .bind(host)
+        .bind(bare);
+        Ok(self.community_rows(q).await?.into_iter().next())
+    }
+
+    async fn add_community(&self, c: &CommunityRecord) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let now = tx.now().await?;
+        let inserted = tx
+            .exec(
+                Q::new(
+                    "INSERT INTO communities (id, relay_url, secret_key_hex, created_at) VALUES ($1, $2, $3, $4) \
+                     ON CONFLICT (id) DO NOTHING",
+                )
+                .bind(c.id.as_str())
+                .bind(c.relay_url.as_str())
+                .bind(c.secret_key_hex.as_str())
+                .bind(now),
+            )
+            .await?;
+        if inserted == 0 {
+            return Err(StoreError::Conflict(format!(
+                "community {:?} already exists",
+                c.id
+            )));
+        }
+        for host in &c.hosts {
+            let bound = tx
+                .exec(
+                    Q::new(
+                        "INSERT INTO community_hosts (host, community_id) VALUES ($1, $2) ON CONFLICT (host) DO NOTHING",
+                    )
+                    .bind(host)
+                    .bind(c.id.as_str()),
+                )
+                .await?;
+            if bound == 0 {
+                return Err(StoreError::Conflict(format!(
+                    "host {host:?} is bound to another community"
+                )));
+            }
+        }
+        tx.commit().await
+    }
+
+    async fn list_communities(&self) -> Result<Vec<CommunityRecord>, StoreError> {
+        self.community_rows(Q::new(
+            "SELECT id, relay_url, secret_key_hex FROM communities ORDER BY id",
+        ))
+        .await
+    }
+
+    async fn insert_event(
+        &self,
+        community: &str,
+        event: &Event,
+        raw: &str,
+    ) -> Result<InsertOutcome, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let outcome = insert_event_tx(&mut tx, community, event, raw, None).await?;
+        if outcome == InsertOutcome::Stored {
+            self.announce(&mut tx, community, raw).await?;
+            tx.commit().await?;
+        }
+        Ok(outcome)
+    }
+
+    async fn publish_ephemeral(&self, community: &str, raw: &str) -> Result<(), StoreError> {
+        if self.dialect() == Dialect::Postgres {
+            let mut tx = self.pool.begin().await?;
+            self.announce(&mut tx, community, raw).await?;
+            tx.commit().await?;
+        }
+        Ok(())
+    }
+
+    async fn subscribe_remote(
+        &self,
+        capacity: usize,
+    ) -> Result<Option<mpsc::Receiver<RemoteEvent>>, StoreError> {
+        match &self.pool {
+            Pool::Postgres(p) => Ok(Some(
+                super::postgres::listen(p, self.origin.clone(), capacity).await?,
+            )),
+            Pool::Sqlite(_) => Ok(None),
+        }
+    }
+
+    async fn query(
+        &self,
+        community: &str,
+        filter: &Filter,
+        limit: usize,
+        scope: &ReadScope,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let s = sql::select_events(self.dialect(), community, filter, limit, scope);
+        stored(
+            self.pool
+                .all(Q {
+                    sql: s.text,
+                    binds: s.binds,
+                })
+                .await?,
+        )
+    }
+
+    async fn count(&self, community: &str, filters: &[Filter], scope: &ReadScope) -> Result<u64, StoreError> {
+        let s = sql::count_events(self.dialect(), community, filters, scope);
+        let row = self
+            .pool
+            .one(Q {
+                sql: s.text,
+                binds: s.binds,
+            })
+            .await?;
+        Ok(row
+            .map(|r| r.int(0))
+            .transpose()?
+            .map_or(0, |n| u64::try_from(n).unwrap_or(0)))
+    }
+
+    async fn purge_expired(&self, now: u64) -> Result<u64, StoreError> {
+        let now = i64::try_from(now).unwrap_or(i64::MAX);
+        let n = self
+            .pool
+            .exec(Q::new("DELETE FROM events WHERE expires_at IS NOT NULL AND expires_at <= $1").bind(now))
+            .await?;
+        if self.dialect() == Dialect::Postgres {
+            self.pool
+                .exec(Q::new("DELETE FROM fanout_spill WHERE created_at < $1").bind(now - 60))
+                .await?;
+        }
+        Ok(n)
+    }
+
+    async fn maintain(&self, now: u64) -> Result<(), StoreError> {
+        if let Pool::Postgres(p) = &self.pool {
+            super::postgres::ensure_partitions(p, now, self.partition_months_ahead).await?;
+        }
+        Ok(())
+    }
+
+    async fn close(&self) {
+        self.pool.close().await;
+    }
+}
