@@ -149,11 +149,17 @@ pub fn same_url(a: &str, b: &str) -> bool {
 }
 
 /// Builds a signed auth event (for clients: the agent and the tests).
+///
+/// It carries a random `nonce` tag: two identical requests in the same
+/// second would otherwise be the same event, and the relay accepts each
+/// auth event once.
 pub fn build(keys: &Keys, method: &str, url: &str, body: &[u8]) -> Event {
     let mut tags = vec![
         Tag::custom("u", [url]),
         Tag::custom("method", [method.to_ascii_uppercase()]),
+        Tag::custom("nonce", [hex::encode(rand::random::<[u8; 16]>())]),
     ];
+
     if !body.is_empty() {
         tags.push(Tag::custom("payload", [hex::encode(Sha256::digest(body))]));
     }

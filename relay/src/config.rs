@@ -30,6 +30,10 @@ pub struct Config {
     pub default_community: DefaultCommunity,
     /// Protocol limits.
     pub limits: Limits,
+    /// Channel (NIP-29) policy for every community without its own.
+    pub channels: ChannelPolicy,
+    /// Per-community settings, by community id.
+    pub communities: std::collections::BTreeMap<String, CommunitySettings>,
     /// Embedded SQLite settings.
     pub sqlite: SqliteConfig,
     /// PostgreSQL settings.
@@ -51,6 +55,8 @@ impl Default for Config {
             p_gated_kinds: vec![protocol::kinds::WAKE_HINT],
             default_community: DefaultCommunity::default(),
             limits: Limits::default(),
+            channels: ChannelPolicy::default(),
+            communities: std::collections::BTreeMap::new(),
             sqlite: SqliteConfig::default(),
             postgres: PostgresConfig::default(),
             shutdown_grace_ms: 5_000,
@@ -82,6 +88,55 @@ impl Default for DefaultCommunity {
             relay_url: "ws://127.0.0.1:7777".into(),
         }
     }
+}
+
+/// Who may create channels and which kinds need membership.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ChannelPolicy {
+    /// `"authenticated"`: any author authenticated (NIP-42) on the connection;
+    /// `"allowlist"`: only the `creators`, also authenticated.
+    pub create: String,
+    /// Hex pubkeys allowed to create channels when `create = "allowlist"`.
+    pub creators: Vec<String>,
+    /// Kinds that need membership when they carry an `h` tag; empty means
+    /// every kind (join requests and channel creation never do).
+    pub membership_kinds: Vec<u16>,
+}
+
+impl Default for ChannelPolicy {
+    fn default() -> Self {
+        Self {
+            create: "authenticated".into(),
+            creators: Vec::new(),
+            membership_kinds: Vec::new(),
+        }
+    }
+}
+
+impl ChannelPolicy {
+    /// Whether an `h`-tagged event of `kind` needs its author to be a member.
+    pub fn requires_membership(&self, kind: u16) -> bool {
+        use crate::store::channels::{CREATE_GROUP, JOIN_REQUEST};
+        if kind == CREATE_GROUP || kind == JOIN_REQUEST {
+            false
+        } else {
+            self.membership_kinds.is_empty() || self.membership_kinds.contains(&kind)
+        }
+    }
+
+    /// Whether `pubkey` (hex) may create channels.
+    pub fn may_create(&self, pubkey_hex: &str) -> bool {
+        self.create == "authenticated" || self.creators.iter().any(|c| c.eq_ignore_ascii_case(pubkey_hex))
+    }
+}
+
+/// Settings of one community.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CommunitySettings {
+    /// Overrides the top-level `[channels]` policy.
+    pub channels: Option<ChannelPolicy>,
 }
 
 /// Protocol limits. All are per connection unless the name says otherwise.
@@ -116,6 +171,8 @@ pub struct Limits {
     pub max_future_secs: u64,
     /// How old a NIP-42 AUTH event may be.
     pub auth_max_age_secs: u64,
+    /// Largest HTTP request body (NIP-98 API calls).
+    pub max_http_body_bytes: usize,
     /// Events buffered per community for live fan-out; a connection that
     /// falls this far behind is disconnected (it could not be served in order).
     pub fanout_buffer_events: usize,
@@ -138,6 +195,7 @@ impl Default for Limits {
             max_future_secs: 900,
             auth_max_age_secs: 600,
             fanout_buffer_events: 16_384,
+            max_http_body_bytes: 1024 * 1024,
         }
     }
 }
@@ -220,7 +278,22 @@ impl Config {
         Ok(cfg)
     }
 
+    /// The channel policy of a community.
+    pub fn channel_policy(&self, community: &str) -> &ChannelPolicy {
+        self.communities
+            .get(community)
+            .and_then(|c| c.channels.as_ref())
+            .unwrap_or(&self.channels)
+    }
+
     fn validate(&self) -> Result<(), String> {
+        for p in std::iter::once(&self.channels)
+            .chain(self.communities.values().filter_map(|c| c.channels.as_ref()))
+        {
+            if !matches!(p.create.as_str(), "authenticated" | "allowlist") {
+                return Err("channels.create must be \"authenticated\" or \"allowlist\"".into());
+            }
+        }
         let l = &self.limits;
         for (name, v) in [
             ("max_message_bytes", l.max_message_bytes),
@@ -232,6 +305,7 @@ impl Config {
             ("max_limit", l.max_limit),
             ("max_outbound_bytes", l.max_outbound_bytes),
             ("fanout_buffer_events", l.fanout_buffer_events),
+            ("max_http_body_bytes", l.max_http_body_bytes),
         ] {
             if v == 0 {
                 return Err(format!("limits.{name} must be greater than 0"));

@@ -17,7 +17,7 @@ use crate::community::Community;
 use crate::state::AppState;
 
 /// Supported NIPs, as advertised in NIP-11.
-pub const SUPPORTED_NIPS: &[u16] = &[1, 9, 11, 40, 42, 45, 70];
+pub const SUPPORTED_NIPS: &[u16] = &[1, 9, 11, 29, 40, 42, 45, 70, 98];
 
 /// Builds the router.
 pub fn router(state: Arc<AppState>) -> Router {
@@ -25,7 +25,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .allow_origin(Any)
         .allow_methods(Any)
         .allow_headers(AllowHeaders::mirror_request());
-    Router::new().route("/", get(root)).layer(cors).with_state(state)
+    Router::new()
+        .route("/", get(root))
+        .route("/me", get(me))
+        .layer(cors)
+        .with_state(state)
 }
 
 /// A JSON error answer: `{"error": code, "message": text}`.
@@ -64,6 +68,102 @@ impl FromRequestParts<Arc<AppState>> for Tenant {
                     "community lookup failed; try again",
                 ))
             }
+        }
+    }
+}
+
+/// A request authenticated with NIP-98, with its body read (bounded by
+/// `limits.max_http_body_bytes`). Every check that fails answers 401 with
+/// `{"error": "<check>", "message": …}`; each auth event is accepted once.
+pub struct Authed {
+    pub tenant: Tenant,
+    pub pubkey: nostr::prelude::PublicKey,
+    pub body: axum::body::Bytes,
+}
+
+impl axum::extract::FromRequest<Arc<AppState>> for Authed {
+    type Rejection = Response;
+
+    async fn from_request(req: axum::extract::Request, state: &Arc<AppState>) -> Result<Self, Response> {
+        let (mut parts, body) = req.into_parts();
+        let tenant = Tenant::from_request_parts(&mut parts, state).await?;
+        let limit = state.cfg.limits.max_http_body_bytes;
+        let body = axum::body::to_bytes(body, limit).await.map_err(|_| {
+            error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!("request body exceeds {limit} bytes"),
+            )
+        })?;
+        let scheme = if tenant.community.is_secure() {
+            "https"
+        } else {
+            "http"
+        };
+        let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+        let url = format!("{scheme}://{}{path}", tenant.host);
+        let header = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        let now = crate::state::unix_now();
+        let req = protocol::nip98::Request {
+            method: parts.method.as_str(),
+            url: &url,
+            body: &body,
+            now,
+        };
+        let event = protocol::nip98::verify(header, &req)
+            .map_err(|e| error(StatusCode::UNAUTHORIZED, e.code(), e.to_string()))?;
+        // Remember it past the window in which it could still be accepted.
+        let keep_until = i64::try_from(event.created_at.as_secs() + 2 * protocol::nip98::MAX_SKEW_SECS)
+            .unwrap_or(i64::MAX);
+        match state
+            .store
+            .use_http_auth(&tenant.community.id, &event.id.to_bytes(), keep_until)
+            .await
+        {
+            Ok(true) => Ok(Authed {
+                tenant,
+                pubkey: event.pubkey,
+                body,
+            }),
+            Ok(false) => {
+                let e = protocol::nip98::Nip98Error::Replayed;
+                Err(error(StatusCode::UNAUTHORIZED, e.code(), e.to_string()))
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "recording NIP-98 auth failed");
+                Err(error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "storage_unavailable",
+                    "try again",
+                ))
+            }
+        }
+    }
+}
+
+/// `GET /me`: who the caller is in this community (NIP-98).
+async fn me(State(state): State<Arc<AppState>>, auth: Authed) -> Response {
+    let community = &auth.tenant.community.id;
+    let owner = state.store.agent_owner(community, &auth.pubkey).await;
+    let channels = state.store.channels_of(community, &auth.pubkey).await;
+    match (owner, channels) {
+        (Ok(owner), Ok(channels)) => Json(json!({
+            "pubkey": auth.pubkey.to_hex(),
+            "community": community,
+            "agent_owner": owner.map(|o| o.to_hex()),
+            "channels": channels,
+        }))
+        .into_response(),
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::error!(error = %e, "reading /me failed");
+            error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "storage_unavailable",
+                "try again",
+            )
         }
     }
 }

@@ -120,7 +120,7 @@ async fn maintenance(state: Arc<AppState>) {
 async fn forward_remote(state: Arc<AppState>, mut remote: tokio::sync::mpsc::Receiver<store::RemoteEvent>) {
     while let Some(r) = remote.recv().await {
         match nostr::prelude::Event::from_json(&r.raw) {
-            Ok(event) => state.hub.publish(&r.community, Arc::new(event), Arc::from(r.raw)),
+            Ok(event) => state.publish(&r.community, Arc::new(event), Arc::from(r.raw)),
             Err(e) => tracing::warn!(error = %e, "undecodable event from another relay process"),
         }
     }

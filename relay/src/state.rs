@@ -5,9 +5,15 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::community::Communities;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use nostr::prelude::Event;
+
+use crate::community::{Communities, Community};
 use crate::config::Config;
 use crate::hub::Hub;
+use crate::store::channels::{self, ChannelView};
 use crate::store::Store;
 
 /// Everything a connection or HTTP handler needs, shared behind one `Arc`.
@@ -20,6 +26,8 @@ pub struct AppState {
     pub shutdown: CancellationToken,
     /// Connection tasks, awaited (bounded by `shutdown_grace_ms`) on shutdown.
     pub tracker: TaskTracker,
+    /// Channel state for live read checks.
+    pub channels: ChannelCache,
 }
 
 impl AppState {
@@ -32,7 +40,100 @@ impl AppState {
             hub: Hub::new(capacity),
             shutdown: CancellationToken::new(),
             tracker: TaskTracker::new(),
+            channels: ChannelCache::new(CHANNEL_CACHE_ENTRIES),
         }
+    }
+
+    /// Announces an accepted event to live subscribers of this process,
+    /// first forgetting cached state of a channel the event changes. Every
+    /// local and remote event goes through here.
+    pub fn publish(&self, community: &str, event: Arc<Event>, raw: Arc<str>) {
+        if channels::changes_channel(event.kind.as_u16()) {
+            if let Some(ch) = channel_of(&event) {
+                self.channels.forget(community, ch);
+            }
+        }
+        self.hub.publish(community, event, raw);
+    }
+}
+
+/// The channel an event belongs to for read rules: its `h` tag, or the `d`
+/// tag of channel metadata (39000-39002).
+pub fn channel_of(event: &Event) -> Option<&str> {
+    if (channels::GROUP_METADATA..=channels::GROUP_MEMBERS).contains(&event.kind.as_u16()) {
+        return event
+            .tags
+            .iter()
+            .find(|t| t.kind() == "d")
+            .and_then(|t| t.content());
+    }
+    channels::h_tag(event)
+}
+
+/// (community, channel) -> state, `None` for "no such channel".
+type ChannelMap = HashMap<(String, String), Option<Arc<ChannelView>>>;
+
+/// How many channels' state a process keeps in memory.
+const CHANNEL_CACHE_ENTRIES: usize = 10_000;
+
+/// Channel state by (community, channel), loaded on demand and forgotten
+/// whenever an event that changes the channel is published (locally or by
+/// another process), so it is never staler than the live stream itself.
+pub struct ChannelCache {
+    map: Mutex<ChannelMap>,
+    /// Bumped by every `forget`: a load that straddles one is not cached.
+    epoch: std::sync::atomic::AtomicU64,
+    max_entries: usize,
+}
+
+impl ChannelCache {
+    fn new(max_entries: usize) -> Self {
+        assert!(max_entries > 0);
+        Self {
+            map: Mutex::new(HashMap::new()),
+            epoch: std::sync::atomic::AtomicU64::new(0),
+            max_entries,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ChannelMap> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn forget(&self, community: &str, channel: &str) {
+        let mut map = self.lock();
+        self.epoch.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        map.remove(&(community.to_string(), channel.to_string()));
+    }
+
+    /// The channel, or `None` when it does not exist or cannot be read now
+    /// (callers treat that as "not visible": fail closed).
+    pub async fn get(
+        &self,
+        store: &dyn Store,
+        community: &Community,
+        channel: &str,
+    ) -> Option<Arc<ChannelView>> {
+        let key = (community.id.clone(), channel.to_string());
+        if let Some(v) = self.lock().get(&key) {
+            return v.clone();
+        }
+        let epoch = self.epoch.load(std::sync::atomic::Ordering::SeqCst);
+        let loaded = match store.channel(&community.id, channel).await {
+            Ok(v) => v.map(Arc::new),
+            Err(e) => {
+                tracing::warn!(error = %e, "channel lookup failed");
+                return None;
+            }
+        };
+        let mut map = self.lock();
+        if self.epoch.load(std::sync::atomic::Ordering::SeqCst) == epoch {
+            if map.len() >= self.max_entries {
+                map.clear();
+            }
+            map.insert(key, loaded.clone());
+        }
+        loaded
     }
 }
 

@@ -23,8 +23,10 @@ use crate::hub::Published;
 use crate::outbound::{self, Outbound, Overflow};
 use crate::ratelimit::TokenBucket;
 use crate::state::{unix_now, AppState};
+use crate::store::channels;
 use crate::store::{InsertOutcome, ReadScope, StoredEvent};
 use crate::verify;
+use protocol::nip_oa;
 
 /// How long stored results may wait for a slow reader before it is dropped.
 const STORED_RESULTS_DEADLINE: Duration = Duration::from_secs(10);
@@ -108,7 +110,7 @@ pub async fn run(socket: WebSocket, state: Arc<AppState>, community: Arc<Communi
                 Some(Ok(_)) => Ok(true), // ping/pong are answered by the library
             },
             item = live.recv() => match item {
-                Ok(p) => conn.on_live(&p).map(|_| true),
+                Ok(p) => conn.on_live(&p).await.map(|_| true),
                 Err(RecvError::Lagged(n)) => {
                     tracing::warn!(community = %conn.community.id, missed = n, "subscriber fell behind live fan-out");
                     let _ = conn.notice("error: connection fell behind the live event stream and is closed");
@@ -284,9 +286,12 @@ impl Conn {
                 Some(_) => {}
             }
         }
+        if channels::h_tag(&event).is_some() || event.kind.as_u16() == channels::CREATE_GROUP {
+            return self.on_channel_event(event, raw).await;
+        }
         let community = self.community.id.clone();
         if kinds::storage_of(event.kind.as_u16()) == Storage::Ephemeral {
-            self.state.hub.publish(&community, event, raw.clone());
+            self.state.publish(&community, event, raw.clone());
             if let Err(e) = self.state.store.publish_ephemeral(&community, &raw).await {
                 tracing::warn!(community = %community, error = %e, "ephemeral event not forwarded to other relay processes");
                 return Ok(self.ok(
@@ -297,15 +302,108 @@ impl Conn {
             }
             return Ok(self.ok(&id, true, "")?);
         }
-        match self.state.store.insert_event(&community, &event, &raw).await {
+        let stored = match nip_oa::from_event(&event) {
+            Err(e) => return Ok(self.ok(&id, false, &format!("invalid: NIP-OA attestation: {e}"))?),
+            Ok(Some(att)) if event.kind.as_u16() == 0 => {
+                self.state
+                    .store
+                    .register_agent(&community, &event, &raw, &att)
+                    .await
+            }
+            Ok(_) => self.state.store.insert_event(&community, &event, &raw).await,
+        };
+        match stored {
             Ok(InsertOutcome::Stored) => {
-                self.state.hub.publish(&community, event, raw);
+                self.state.publish(&community, event, raw);
                 self.ok(&id, true, "")?;
             }
             Ok(InsertOutcome::Duplicate) => self.ok(&id, true, "duplicate: already have this event")?,
             Ok(InsertOutcome::Rejected(msg)) => self.ok(&id, false, &msg)?,
             Err(e) => {
                 tracing::error!(community = %community, error = %e, "storing event failed");
+                self.ok(&id, false, "error: the event could not be stored; try again")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// An `h`-tagged event, or a channel creation (NIP-29).
+    async fn on_channel_event(&mut self, event: Arc<Event>, raw: Arc<str>) -> Result<(), Stop> {
+        let id = event.id.to_hex();
+        let community = self.community.id.clone();
+        let policy = self.state.cfg.channel_policy(&community);
+        let kind = event.kind.as_u16();
+        if kind == channels::CREATE_GROUP {
+            if channels::h_tag(&event).is_none() {
+                return Ok(self.ok(
+                    &id,
+                    false,
+                    "invalid: a channel is created with an h tag naming it",
+                )?);
+            }
+            match self.authed {
+                None => {
+                    return Ok(self.ok(
+                        &id,
+                        false,
+                        "auth-required: authenticate (NIP-42) to create a channel",
+                    )?);
+                }
+                Some(pk) if pk != event.pubkey => {
+                    return Ok(self.ok(
+                        &id,
+                        false,
+                        "restricted: a channel is created by the authenticated author",
+                    )?);
+                }
+                Some(pk) if !policy.may_create(&pk.to_hex()) => {
+                    return Ok(self.ok(
+                        &id,
+                        false,
+                        "restricted: channel creation is limited to an allowlist",
+                    )?);
+                }
+                Some(_) => {}
+            }
+        }
+        if kinds::storage_of(kind) == Storage::Ephemeral {
+            // Not stored: only the membership rule applies.
+            let channel = channels::h_tag(&event).unwrap_or_default();
+            let view = self
+                .state
+                .channels
+                .get(self.state.store.as_ref(), &self.community, channel)
+                .await;
+            let allowed = view.is_some_and(|v| {
+                !v.deleted && (!policy.requires_membership(kind) || v.is_member(&event.pubkey))
+            });
+            if !allowed {
+                return Ok(self.ok(
+                    &id,
+                    false,
+                    &format!("restricted: only members of channel {channel} may post in it"),
+                )?);
+            }
+            self.state.publish(&community, event, raw);
+            return Ok(self.ok(&id, true, "")?);
+        }
+        let keys = self.community.keys.clone();
+        match self
+            .state
+            .store
+            .apply_channel_event(&community, &keys, policy, &event, &raw)
+            .await
+        {
+            Ok((InsertOutcome::Stored, published)) => {
+                for (ev, ev_raw) in published {
+                    self.state.publish(&community, Arc::new(ev), Arc::from(ev_raw));
+                }
+                self.ok(&id, true, "")?;
+            }
+            Ok((InsertOutcome::Duplicate, _)) => self.ok(&id, true, "duplicate: already applied")?,
+            Ok((InsertOutcome::Rejected(msg), _)) => self.ok(&id, false, &msg)?,
+            Err(e) => {
+                tracing::error!(community = %community, error = %e, "storing channel event failed");
                 self.ok(&id, false, "error: the event could not be stored; try again")?;
             }
         }
@@ -468,7 +566,7 @@ impl Conn {
         Ok(self.ok(&id, true, "")?)
     }
 
-    fn on_live(&mut self, p: &Published) -> Result<(), Stop> {
+    async fn on_live(&mut self, p: &Published) -> Result<(), Stop> {
         if self.subs.is_empty() {
             return Ok(());
         }
@@ -481,6 +579,22 @@ impl Conn {
         }
         if p.event.is_expired_at(Timestamp::from_secs(unix_now())) {
             return Ok(());
+        }
+        if !self.subs.values().any(|sub| p.seq > sub.seq_floor) {
+            return Ok(());
+        }
+        if let Some(channel) = crate::state::channel_of(&p.event) {
+            let view = self
+                .state
+                .channels
+                .get(self.state.store.as_ref(), &self.community, channel)
+                .await;
+            let visible = view.is_some_and(|v| {
+                !v.deleted && (!v.private || self.authed.is_some_and(|me| v.is_member(&me)))
+            });
+            if !visible {
+                return Ok(());
+            }
         }
         for (sub_id, sub) in &self.subs {
             if p.seq <= sub.seq_floor {

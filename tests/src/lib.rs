@@ -90,3 +90,48 @@ macro_rules! backend_tests {
         }
     };
 }
+
+/// `GET`/`POST` with a NIP-98 header made by `keys` for `url` (as the relay
+/// sees it), sent to `relay_http` with `Host: host`.
+pub async fn http_nip98(
+    relay_http: &str,
+    host: &str,
+    keys: &nostr::prelude::Keys,
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> (u16, serde_json::Value) {
+    let url = format!("http://{host}{path}");
+    let auth = protocol::nip98::header(keys, method, &url, body);
+    http_raw(relay_http, host, method, path, Some(&auth), body).await
+}
+
+/// A raw HTTP call with an optional Authorization header.
+pub async fn http_raw(
+    relay_http: &str,
+    host: &str,
+    method: &str,
+    path: &str,
+    authorization: Option<&str>,
+    body: &[u8],
+) -> (u16, serde_json::Value) {
+    let client = reqwest::Client::new();
+    let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+    let mut req = client
+        .request(method, format!("{relay_http}{path}"))
+        .header("Host", host)
+        .body(body.to_vec());
+    if !body.is_empty() {
+        req = req.header("Content-Type", "application/json");
+    }
+    if let Some(a) = authorization {
+        req = req.header("Authorization", a);
+    }
+    let resp = req.send().await.expect("http request");
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap_or_default();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+    )
+}

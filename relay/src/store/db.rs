@@ -7,7 +7,7 @@
 
 use sqlx::postgres::{PgArguments, PgPool, PgRow};
 use sqlx::sqlite::{SqliteArguments, SqlitePool, SqliteRow};
-use sqlx::{Arguments, Database, Decode, Postgres, Sqlite, Transaction, Type, ValueRef};
+use sqlx::{Arguments, Database, Decode, Encode, Postgres, Sqlite, Transaction, Type, ValueRef};
 
 pub use super::sql::{Bind, Dialect};
 use super::StoreError;
@@ -175,8 +175,17 @@ impl From<[u8; 32]> for Bind {
     }
 }
 
-fn sqlite_args(binds: Vec<Bind>) -> Result<SqliteArguments, StoreError> {
-    let mut a = SqliteArguments::default();
+fn args<A>(binds: Vec<Bind>) -> Result<A, StoreError>
+where
+    A: Arguments,
+    i64: for<'q> Encode<'q, A::Database> + Type<A::Database>,
+    Option<i64>: for<'q> Encode<'q, A::Database> + Type<A::Database>,
+    String: for<'q> Encode<'q, A::Database> + Type<A::Database>,
+    Option<String>: for<'q> Encode<'q, A::Database> + Type<A::Database>,
+    Vec<u8>: for<'q> Encode<'q, A::Database> + Type<A::Database>,
+    bool: for<'q> Encode<'q, A::Database> + Type<A::Database>,
+{
+    let mut a = A::default();
     for b in binds {
         let r = match b {
             Bind::Int(v) => a.add(v),
@@ -191,20 +200,12 @@ fn sqlite_args(binds: Vec<Bind>) -> Result<SqliteArguments, StoreError> {
     Ok(a)
 }
 
+fn sqlite_args(binds: Vec<Bind>) -> Result<SqliteArguments, StoreError> {
+    args(binds)
+}
+
 fn pg_args(binds: Vec<Bind>) -> Result<PgArguments, StoreError> {
-    let mut a = PgArguments::default();
-    for b in binds {
-        let r = match b {
-            Bind::Int(v) => a.add(v),
-            Bind::OptInt(v) => a.add(v),
-            Bind::Text(v) => a.add(v),
-            Bind::OptText(v) => a.add(v),
-            Bind::Blob(v) => a.add(v),
-            Bind::Bool(v) => a.add(v),
-        };
-        r.map_err(|e| StoreError::Corrupt(format!("bind: {e}")))?;
-    }
-    Ok(a)
+    args(binds)
 }
 
 fn neutral<DB, R>(row: &R) -> Result<Row, StoreError>
@@ -363,6 +364,15 @@ impl Pool {
     pub async fn begin(&self) -> Result<Tx, StoreError> {
         Ok(match self {
             Pool::Sqlite(p) => Tx::Sqlite(p.begin_with("BEGIN IMMEDIATE").await?),
+            Pool::Postgres(p) => Tx::Postgres(p.begin().await?),
+        })
+    }
+
+    /// A read-only transaction (a consistent snapshot for several reads;
+    /// on SQLite a deferred transaction, which takes no write lock).
+    pub async fn read(&self) -> Result<Tx, StoreError> {
+        Ok(match self {
+            Pool::Sqlite(p) => Tx::Sqlite(p.begin().await?),
             Pool::Postgres(p) => Tx::Postgres(p.begin().await?),
         })
     }

@@ -11,6 +11,8 @@
 //! - replaceable/addressable/deletion rules are decided inside the same
 //!   transaction that writes, so concurrent writers cannot both win.
 
+pub mod agents;
+pub mod channels;
 pub mod db;
 pub mod postgres;
 pub mod sql;
@@ -18,7 +20,11 @@ pub mod sqlite;
 pub mod sqlstore;
 
 use async_trait::async_trait;
-use nostr::prelude::{Event, Filter, PublicKey};
+use nostr::prelude::{Event, Filter, Keys, PublicKey};
+use protocol::nip_oa::Attestation;
+
+use crate::config::ChannelPolicy;
+pub use channels::{ChannelView, Published};
 use tokio::sync::mpsc;
 
 /// A community as stored.
@@ -110,6 +116,47 @@ pub trait Store: Send + Sync + 'static {
         event: &Event,
         raw: &str,
     ) -> Result<InsertOutcome, StoreError>;
+
+    /// Stores an `h`-tagged event (or a channel creation) under the NIP-29
+    /// rules in one transaction with its state change and the relay-signed
+    /// metadata it makes current (signed with `keys`). Returns the outcome
+    /// and the events to announce.
+    async fn apply_channel_event(
+        &self,
+        community: &str,
+        keys: &Keys,
+        policy: &ChannelPolicy,
+        event: &Event,
+        raw: &str,
+    ) -> Result<(InsertOutcome, Published), StoreError>;
+
+    /// A channel and its members.
+    async fn channel(&self, community: &str, id: &str) -> Result<Option<ChannelView>, StoreError>;
+
+    /// Stores a kind 0 carrying a valid NIP-OA attestation, recording
+    /// agent -> owner on the first one; a later one naming another owner is
+    /// rejected (ownership is immutable).
+    async fn register_agent(
+        &self,
+        community: &str,
+        event: &Event,
+        raw: &str,
+        attestation: &Attestation,
+    ) -> Result<InsertOutcome, StoreError>;
+
+    /// The recorded owner of a managed agent.
+    async fn agent_owner(&self, community: &str, agent: &PublicKey) -> Result<Option<PublicKey>, StoreError>;
+
+    /// Channels `member` belongs to.
+    async fn channels_of(&self, community: &str, member: &PublicKey) -> Result<Vec<String>, StoreError>;
+
+    /// Records a NIP-98 auth event as used; `false` when it already was.
+    async fn use_http_auth(
+        &self,
+        community: &str,
+        event_id: &[u8; 32],
+        expires_at: i64,
+    ) -> Result<bool, StoreError>;
 
     /// Events matching one filter, newest first (ties by lowest id), at most `limit`.
     async fn query(

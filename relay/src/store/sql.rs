@@ -139,6 +139,19 @@ pub fn push_filter(sql: &mut Sql, community: &str, f: &Filter, scope: &ReadScope
         }
         sql.tag_in(community, letter.as_ref(), values.iter().cloned());
     }
+    // Channels: deleted ones are unreadable, private ones only for members.
+    sql.push(" AND (e.channel IS NULL OR e.channel IN (SELECT c.id FROM channels c WHERE c.community_id = ");
+    sql.bind(Bind::Text(community.to_string()));
+    sql.push(" AND c.deleted = FALSE AND (c.private = FALSE");
+    if let Some(viewer) = scope.viewer {
+        sql.push(
+            " OR EXISTS (SELECT 1 FROM channel_members m WHERE m.community_id = c.community_id \
+             AND m.channel_id = c.id AND m.pubkey = ",
+        );
+        sql.bind(Bind::Blob(viewer.to_bytes().to_vec()));
+        sql.push(")");
+    }
+    sql.push(")))");
     if !scope.gated_kinds.is_empty() {
         sql.push(" AND (e.kind NOT IN ");
         sql.bind_list(scope.gated_kinds.iter().map(|k| Bind::Int(i64::from(*k))));

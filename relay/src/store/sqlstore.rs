@@ -5,15 +5,17 @@
 //! fan-out) lives in `sqlite.rs` and `postgres.rs`.
 
 use async_trait::async_trait;
-use nostr::prelude::{Event, Filter};
+use nostr::prelude::{Event, Filter, Keys, PublicKey};
+use protocol::nip_oa::Attestation;
 use tokio::sync::mpsc;
 
 use super::db::{Pool, Tx, Q};
 use super::sql::{self, value_hash, Dialect};
 use super::{
-    address_key, deletion_targets, expiration, indexed_tags, replacement_key, CommunityRecord, InsertOutcome,
-    ReadScope, RemoteEvent, Store, StoreError, StoredEvent,
+    address_key, deletion_targets, expiration, indexed_tags, replacement_key, ChannelView, CommunityRecord,
+    InsertOutcome, Published, ReadScope, RemoteEvent, Store, StoreError, StoredEvent,
 };
+use crate::config::ChannelPolicy;
 
 /// A store on SQLite or PostgreSQL.
 pub struct SqlStore {
@@ -338,6 +340,98 @@ impl Store for SqlStore {
         Ok(outcome)
     }
 
+    async fn apply_channel_event(
+        &self,
+        community: &str,
+        keys: &Keys,
+        policy: &ChannelPolicy,
+        event: &Event,
+        raw: &str,
+    ) -> Result<(InsertOutcome, Published), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let (outcome, published) =
+            super::channels::apply(&mut tx, community, keys, policy, event, raw).await?;
+        if outcome == InsertOutcome::Stored {
+            for (_, raw) in &published {
+                self.announce(&mut tx, community, raw).await?;
+            }
+            tx.commit().await?;
+        }
+        Ok((outcome, published))
+    }
+
+    async fn channel(&self, community: &str, id: &str) -> Result<Option<ChannelView>, StoreError> {
+        let mut tx = self.pool.read().await?;
+        super::channels::load(&mut tx, community, id).await
+    }
+
+    async fn register_agent(
+        &self,
+        community: &str,
+        event: &Event,
+        raw: &str,
+        attestation: &Attestation,
+    ) -> Result<InsertOutcome, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let outcome = super::agents::register(&mut tx, community, event, raw, attestation).await?;
+        if outcome == InsertOutcome::Stored {
+            self.announce(&mut tx, community, raw).await?;
+            tx.commit().await?;
+        }
+        Ok(outcome)
+    }
+
+    async fn agent_owner(&self, community: &str, agent: &PublicKey) -> Result<Option<PublicKey>, StoreError> {
+        let row = self
+            .pool
+            .one(
+                Q::new("SELECT owner FROM agents WHERE community_id = $1 AND pubkey = $2")
+                    .bind(community)
+                    .bind(agent.to_bytes()),
+            )
+            .await?;
+        match row {
+            Some(r) => PublicKey::from_slice(&r.blob(0)?)
+                .map(Some)
+                .map_err(|e| StoreError::Corrupt(e.to_string())),
+            None => Ok(None),
+        }
+    }
+
+    async fn channels_of(&self, community: &str, member: &PublicKey) -> Result<Vec<String>, StoreError> {
+        let rows = self
+            .pool
+            .all(
+                Q::new(
+                    "SELECT m.channel_id FROM channel_members m JOIN channels c                      ON c.community_id = m.community_id AND c.id = m.channel_id                      WHERE m.community_id = $1 AND m.pubkey = $2 AND c.deleted = FALSE ORDER BY m.channel_id",
+                )
+                .bind(community)
+                .bind(member.to_bytes()),
+            )
+            .await?;
+        rows.iter().map(|r| r.text(0)).collect()
+    }
+
+    async fn use_http_auth(
+        &self,
+        community: &str,
+        event_id: &[u8; 32],
+        expires_at: i64,
+    ) -> Result<bool, StoreError> {
+        let n = self
+            .pool
+            .exec(
+                Q::new(
+                    "INSERT INTO http_auth_seen (community_id, event_id, expires_at) VALUES ($1, $2, $3)                      ON CONFLICT DO NOTHING",
+                )
+                .bind(community)
+                .bind(*event_id)
+                .bind(expires_at),
+            )
+            .await?;
+        Ok(n == 1)
+    }
+
     async fn publish_ephemeral(&self, community: &str, raw: &str) -> Result<(), StoreError> {
         if self.dialect() == Dialect::Postgres {
             let mut tx = self.pool.begin().await?;
@@ -400,6 +494,9 @@ impl Store for SqlStore {
         let n = self
             .pool
             .exec(Q::new("DELETE FROM events WHERE expires_at IS NOT NULL AND expires_at <= $1").bind(now))
+            .await?;
+        self.pool
+            .exec(Q::new("DELETE FROM http_auth_seen WHERE expires_at < $1").bind(now))
             .await?;
         if self.dialect() == Dialect::Postgres {
             self.pool

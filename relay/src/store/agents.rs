@@ -1,0 +1,57 @@
+//! Managed agents: agent -> owner from the first valid NIP-OA attestation.
+
+use nostr::prelude::Event;
+use protocol::nip_oa::Attestation;
+
+use super::db::{Tx, Q};
+use super::sqlstore::insert_event_tx;
+use super::{InsertOutcome, StoreError};
+
+/// Records the owner (first valid attestation wins, immutable) and stores
+/// the kind 0, in `tx`.
+pub async fn register(
+    tx: &mut Tx,
+    community: &str,
+    event: &Event,
+    raw: &str,
+    att: &Attestation,
+) -> Result<InsertOutcome, StoreError> {
+    let agent = event.pubkey.to_bytes();
+    tx.lock(&format!("{community}:agent:{}", event.pubkey.to_hex()))
+        .await?;
+    let existing = tx
+        .one(
+            Q::new("SELECT owner FROM agents WHERE community_id = $1 AND pubkey = $2")
+                .bind(community)
+                .bind(agent),
+        )
+        .await?;
+    match existing {
+        Some(row) => {
+            let owner = row.id32(0)?;
+            if owner != att.owner.to_bytes() {
+                return Ok(InsertOutcome::Rejected(format!(
+                    "invalid: this agent is already owned by {}; ownership is immutable",
+                    hex::encode(owner)
+                )));
+            }
+        }
+        None => {
+            let now = tx.now().await?;
+            tx.exec(
+                Q::new(
+                    "INSERT INTO agents (community_id, pubkey, owner, conditions, attestation, registered_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6)",
+                )
+                .bind(community)
+                .bind(agent)
+                .bind(att.owner.to_bytes())
+                .bind(att.conditions_raw.as_str())
+                .bind(att.sig.as_str())
+                .bind(now),
+            )
+            .await?;
+        }
+    }
+    insert_event_tx(tx, community, event, raw, None).await
+}

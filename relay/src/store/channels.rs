@@ -1,0 +1,468 @@
+//! NIP-29 channel rules, applied inside the transaction that stores the
+//! event, and the relay-signed metadata (39000/39001/39002) kept current in
+//! that same transaction.
+//!
+//! Every change to one channel is serialised by a lock on the channel, so
+//! membership decisions and metadata never interleave across processes.
+
+use std::collections::BTreeMap;
+
+use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, PublicKey, Tag, Timestamp};
+
+use super::db::{Tx, Q};
+use super::sqlstore::insert_event_tx;
+use super::{InsertOutcome, StoreError};
+use crate::config::ChannelPolicy;
+
+pub const PUT_USER: u16 = 9000;
+pub const REMOVE_USER: u16 = 9001;
+pub const EDIT_METADATA: u16 = 9002;
+pub const CREATE_GROUP: u16 = 9007;
+pub const DELETE_GROUP: u16 = 9008;
+pub const JOIN_REQUEST: u16 = 9021;
+pub const LEAVE_REQUEST: u16 = 9022;
+pub const GROUP_METADATA: u16 = 39000;
+pub const GROUP_ADMINS: u16 = 39001;
+pub const GROUP_MEMBERS: u16 = 39002;
+
+/// Longest channel id accepted.
+pub const MAX_CHANNEL_ID_BYTES: usize = 128;
+
+/// A member's role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Admin,
+    Member,
+}
+
+impl Role {
+    fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::Member => "member",
+        }
+    }
+}
+
+/// A channel as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChannelView {
+    pub id: String,
+    pub name: String,
+    pub about: String,
+    pub picture: String,
+    pub private: bool,
+    pub closed: bool,
+    pub deleted: bool,
+    /// Member -> role, ordered (so metadata events are deterministic).
+    pub members: BTreeMap<[u8; 32], Role>,
+    pub metadata_at: i64,
+}
+
+impl ChannelView {
+    pub fn role_of(&self, pk: &PublicKey) -> Option<Role> {
+        self.members.get(&pk.to_bytes()).copied()
+    }
+
+    pub fn is_member(&self, pk: &PublicKey) -> bool {
+        self.role_of(pk).is_some()
+    }
+}
+
+/// Events to announce after commit.
+pub type Published = Vec<(Event, String)>;
+
+/// The channel an event belongs to: its `h` tag.
+pub fn h_tag(event: &Event) -> Option<&str> {
+    event
+        .tags
+        .iter()
+        .find(|t| t.kind() == "h")
+        .and_then(|t| t.content())
+}
+
+/// Whether `kind` changes a channel's membership or metadata (caches of
+/// channel state must forget the channel when one is published).
+pub fn changes_channel(kind: u16) -> bool {
+    matches!(kind, PUT_USER..=LEAVE_REQUEST | GROUP_METADATA..=GROUP_MEMBERS)
+}
+
+/// Loads a channel with its members.
+pub async fn load(tx: &mut Tx, community: &str, id: &str) -> Result<Option<ChannelView>, StoreError> {
+    let row = tx
+        .one(
+            Q::new(
+                "SELECT name, about, picture, private, closed, deleted, metadata_at FROM channels \
+                 WHERE community_id = $1 AND id = $2",
+            )
+            .bind(community)
+            .bind(id),
+        )
+        .await?;
+    let Some(row) = row else { return Ok(None) };
+    let mut members = BTreeMap::new();
+    for m in tx
+        .all(
+            Q::new("SELECT pubkey, role FROM channel_members WHERE community_id = $1 AND channel_id = $2")
+                .bind(community)
+                .bind(id),
+        )
+        .await?
+    {
+        let role = if m.text(1)? == "admin" {
+            Role::Admin
+        } else {
+            Role::Member
+        };
+        members.insert(m.id32(0)?, role);
+    }
+    Ok(Some(ChannelView {
+        id: id.to_string(),
+        name: row.text(0)?,
+        about: row.text(1)?,
+        picture: row.text(2)?,
+        private: row.bool(3)?,
+        closed: row.bool(4)?,
+        deleted: row.bool(5)?,
+        members,
+        metadata_at: row.int(6)?,
+    }))
+}
+
+fn tag_value<'e>(event: &'e Event, name: &str) -> Option<&'e str> {
+    event
+        .tags
+        .iter()
+        .find(|t| t.kind() == name)
+        .and_then(|t| t.content())
+}
+
+fn has_flag(event: &Event, name: &str) -> bool {
+    event.tags.iter().any(|t| t.kind() == name)
+}
+
+/// `p` tags of a moderation event: (pubkey, optional role).
+fn targets(event: &Event) -> Vec<(PublicKey, Option<String>)> {
+    event
+        .tags
+        .iter()
+        .filter(|t| t.kind() == "p")
+        .filter_map(|t| {
+            let s = t.as_slice();
+            let pk = PublicKey::from_hex(s.get(1)?).ok()?;
+            Some((pk, s.get(2).cloned()))
+        })
+        .collect()
+}
+
+async fn put_member(
+    tx: &mut Tx,
+    community: &str,
+    channel: &str,
+    pk: &PublicKey,
+    role: Role,
+    now: i64,
+) -> Result<(), StoreError> {
+    tx.exec(
+        Q::new(
+            "INSERT INTO channel_members (community_id, channel_id, pubkey, role, added_at) VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (community_id, channel_id, pubkey) DO UPDATE SET role = excluded.role",
+        )
+        .bind(community)
+        .bind(channel)
+        .bind(pk.to_bytes())
+        .bind(role.as_str())
+        .bind(now),
+    )
+    .await?;
+    tx.exec(
+        Q::new(
+            "DELETE FROM channel_join_requests WHERE community_id = $1 AND channel_id = $2 AND pubkey = $3",
+        )
+        .bind(community)
+        .bind(channel)
+        .bind(pk.to_bytes()),
+    )
+    .await?;
+    Ok(())
+}
+
+async fn remove_member(
+    tx: &mut Tx,
+    community: &str,
+    channel: &str,
+    pk: &PublicKey,
+) -> Result<(), StoreError> {
+    tx.exec(
+        Q::new("DELETE FROM channel_members WHERE community_id = $1 AND channel_id = $2 AND pubkey = $3")
+            .bind(community)
+            .bind(channel)
+            .bind(pk.to_bytes()),
+    )
+    .await?;
+    Ok(())
+}
+
+/// What a channel event asks for, decided before anything is written.
+enum Plan {
+    Reject(String),
+    Duplicate,
+    Apply,
+}
+
+fn rejected(msg: impl Into<String>) -> Result<(InsertOutcome, Published), StoreError> {
+    Ok((InsertOutcome::Rejected(msg.into()), Vec::new()))
+}
+
+/// Applies and stores an `h`-tagged event (including 9007, which creates the
+/// channel). The caller has verified the signature and, for 9007, the
+/// creation policy. Returns the outcome and, when stored, the events to
+/// announce (the event itself first, then any new relay-signed metadata).
+pub async fn apply(
+    tx: &mut Tx,
+    community: &str,
+    keys: &Keys,
+    policy: &ChannelPolicy,
+    event: &Event,
+    raw: &str,
+) -> Result<(InsertOutcome, Published), StoreError> {
+    let Some(channel) = h_tag(event) else {
+        return rejected("invalid: missing h tag");
+    };
+    if channel.is_empty() || channel.len() > MAX_CHANNEL_ID_BYTES {
+        return rejected(format!(
+            "invalid: channel id must be 1 to {MAX_CHANNEL_ID_BYTES} bytes"
+        ));
+    }
+    let channel = channel.to_string();
+    tx.lock(&format!("{community}:channel:{channel}")).await?;
+    let now = tx.now().await?;
+    let kind = event.kind.as_u16();
+    let author = event.pubkey;
+    let current = load(tx, community, &channel).await?;
+
+    let plan = match (&current, kind) {
+        (Some(c), CREATE_GROUP) if c.deleted => Plan::Reject("blocked: this channel was deleted".into()),
+        (Some(_), CREATE_GROUP) => Plan::Reject(format!("duplicate: channel {channel} already exists")),
+        (None, CREATE_GROUP) => Plan::Apply,
+        (None, _) => Plan::Reject(format!("invalid: unknown channel {channel}")),
+        (Some(c), _) if c.deleted => Plan::Reject("blocked: this channel was deleted".into()),
+        (Some(c), JOIN_REQUEST) if c.is_member(&author) => Plan::Duplicate,
+        (Some(_), JOIN_REQUEST) => Plan::Apply,
+        (Some(c), LEAVE_REQUEST) if !c.is_member(&author) => {
+            Plan::Reject(format!("invalid: not a member of channel {channel}"))
+        }
+        (Some(c), PUT_USER | REMOVE_USER | EDIT_METADATA | DELETE_GROUP)
+            if c.role_of(&author) != Some(Role::Admin) =>
+        {
+            Plan::Reject(format!(
+                "restricted: only admins of channel {channel} may do this"
+            ))
+        }
+        (Some(c), k) if policy.requires_membership(k) && !c.is_member(&author) => Plan::Reject(format!(
+            "restricted: only members of channel {channel} may post in it"
+        )),
+        _ => Plan::Apply,
+    };
+    match plan {
+        Plan::Reject(msg) => return rejected(msg),
+        Plan::Duplicate => return Ok((InsertOutcome::Duplicate, Vec::new())),
+        Plan::Apply => {}
+    }
+
+    let outcome = insert_event_tx(tx, community, event, raw, Some(&channel)).await?;
+    if outcome != InsertOutcome::Stored {
+        return Ok((outcome, Vec::new()));
+    }
+
+    // State changes; which metadata kinds need re-publishing.
+    let (mut meta, mut admins, mut members) = (false, false, false);
+    match kind {
+        CREATE_GROUP => {
+            tx.exec(
+                Q::new(
+                    "INSERT INTO channels (community_id, id, creator, name, about, picture, private, closed, created_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                )
+                .bind(community)
+                .bind(channel.as_str())
+                .bind(author.to_bytes())
+                .bind(tag_value(event, "name").unwrap_or_default())
+                .bind(tag_value(event, "about").unwrap_or_default())
+                .bind(tag_value(event, "picture").unwrap_or_default())
+                .bind(has_flag(event, "private"))
+                .bind(has_flag(event, "closed"))
+                .bind(now),
+            )
+            .await?;
+            put_member(tx, community, &channel, &author, Role::Admin, now).await?;
+            (meta, admins, members) = (true, true, true);
+        }
+        JOIN_REQUEST => {
+            let closed = current.as_ref().is_some_and(|c| c.closed);
+            if closed {
+                tx.exec(
+                    Q::new(
+                        "INSERT INTO channel_join_requests (community_id, channel_id, pubkey, requested_at) \
+                         VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                    )
+                    .bind(community)
+                    .bind(channel.as_str())
+                    .bind(author.to_bytes())
+                    .bind(now),
+                )
+                .await?;
+            } else {
+                put_member(tx, community, &channel, &author, Role::Member, now).await?;
+                members = true;
+            }
+        }
+        LEAVE_REQUEST => {
+            remove_member(tx, community, &channel, &author).await?;
+            (admins, members) = (true, true);
+        }
+        PUT_USER => {
+            for (pk, role) in targets(event) {
+                let role = if role.as_deref() == Some("admin") {
+                    Role::Admin
+                } else {
+                    Role::Member
+                };
+                put_member(tx, community, &channel, &pk, role, now).await?;
+            }
+            (admins, members) = (true, true);
+        }
+        REMOVE_USER => {
+            for (pk, _) in targets(event) {
+                remove_member(tx, community, &channel, &pk).await?;
+            }
+            (admins, members) = (true, true);
+        }
+        EDIT_METADATA => {
+            let c = current.as_ref().expect("channel exists for an applied edit");
+            let flag = |on: &str, off: &str, was: bool| {
+                if has_flag(event, on) {
+                    true
+                } else if has_flag(event, off) {
+                    false
+                } else {
+                    was
+                }
+            };
+            tx.exec(
+                Q::new(
+                    "UPDATE channels SET name = $3, about = $4, picture = $5, private = $6, closed = $7 \
+                     WHERE community_id = $1 AND id = $2",
+                )
+                .bind(community)
+                .bind(channel.as_str())
+                .bind(tag_value(event, "name").unwrap_or(&c.name))
+                .bind(tag_value(event, "about").unwrap_or(&c.about))
+                .bind(tag_value(event, "picture").unwrap_or(&c.picture))
+                .bind(flag("private", "public", c.private))
+                .bind(flag("closed", "open", c.closed)),
+            )
+            .await?;
+            meta = true;
+        }
+        DELETE_GROUP => {
+            tx.exec(
+                Q::new("UPDATE channels SET deleted = TRUE WHERE community_id = $1 AND id = $2")
+                    .bind(community)
+                    .bind(channel.as_str()),
+            )
+            .await?;
+        }
+        _ => {}
+    }
+
+    let mut published: Published = vec![(event.clone(), raw.to_string())];
+    if meta || admins || members {
+        published.extend(republish(tx, community, keys, &channel, now, meta, admins, members).await?);
+    }
+    Ok((InsertOutcome::Stored, published))
+}
+
+/// Signs and stores fresh 39000/39001/39002 for a channel (those asked for),
+/// with `created_at` strictly after the previous ones so that they replace them.
+#[allow(clippy::too_many_arguments)]
+async fn republish(
+    tx: &mut Tx,
+    community: &str,
+    keys: &Keys,
+    channel: &str,
+    now: i64,
+    meta: bool,
+    admins: bool,
+    members: bool,
+) -> Result<Published, StoreError> {
+    let c = load(tx, community, channel)
+        .await?
+        .ok_or_else(|| StoreError::Corrupt("channel vanished".into()))?;
+    let at = now.max(c.metadata_at + 1);
+    tx.exec(
+        Q::new("UPDATE channels SET metadata_at = $3 WHERE community_id = $1 AND id = $2")
+            .bind(community)
+            .bind(channel)
+            .bind(at),
+    )
+    .await?;
+    let d = Tag::identifier(channel);
+    let mut out = Vec::new();
+    let emit = |kind: u16, tags: Vec<Tag>| -> Result<Event, StoreError> {
+        EventBuilder::new(Kind::from_u16(kind), "")
+            .tags(tags)
+            .custom_created_at(Timestamp::from_secs(u64::try_from(at).unwrap_or(0)))
+            .finalize(keys)
+            .map_err(|e| StoreError::Corrupt(format!("signing channel metadata: {e}")))
+    };
+    let mut events = Vec::new();
+    if meta {
+        let mut tags = vec![
+            d.clone(),
+            Tag::custom("name", [c.name.as_str()]),
+            Tag::custom("about", [c.about.as_str()]),
+        ];
+        if !c.picture.is_empty() {
+            tags.push(Tag::custom("picture", [c.picture.as_str()]));
+        }
+        tags.push(Tag::custom(
+            if c.private { "private" } else { "public" },
+            Vec::<String>::new(),
+        ));
+        tags.push(Tag::custom(
+            if c.closed { "closed" } else { "open" },
+            Vec::<String>::new(),
+        ));
+        events.push(emit(GROUP_METADATA, tags)?);
+    }
+    let member_tags = |only_admins: bool| -> Vec<Tag> {
+        let mut tags = vec![d.clone()];
+        for (pk, role) in &c.members {
+            if only_admins && *role != Role::Admin {
+                continue;
+            }
+            let hexpk = hex::encode(pk);
+            tags.push(if only_admins {
+                Tag::custom("p", [hexpk, "admin".into()])
+            } else {
+                Tag::custom("p", [hexpk])
+            });
+        }
+        tags
+    };
+    if admins {
+        events.push(emit(GROUP_ADMINS, member_tags(true))?);
+    }
+    if members {
+        events.push(emit(GROUP_MEMBERS, member_tags(false))?);
+    }
+    for e in events {
+        let raw = serde_json::to_string(&e).map_err(|err| StoreError::Corrupt(err.to_string()))?;
+        let outcome = insert_event_tx(tx, community, &e, &raw, Some(channel)).await?;
+        if outcome == InsertOutcome::Stored {
+            out.push((e, raw));
+        }
+    }
+    Ok(out)
+}
