@@ -18,8 +18,13 @@ fn main() {
     let owner = keys(1);
     let agent = keys(2);
     let mut oa = Vec::new();
-    for cond in ["", "kind=9", "kind=0&kind=9&created_at>1700000000&created_at<2000000000"] {
-        let tag = protocol::nip_oa::sign_with_aux(&owner, &agent.public_key(), cond, &[7u8; 32]).expect("sign");
+    for cond in [
+        "",
+        "kind=9",
+        "kind=0&kind=9&created_at>1700000000&created_at<2000000000",
+    ] {
+        let tag =
+            protocol::nip_oa::sign_with_aux(&owner, &agent.public_key(), cond, &[7u8; 32]).expect("sign");
         let s = tag.as_slice();
         oa.push(json!({
             "agent": agent.public_key().to_hex(),
@@ -31,13 +36,20 @@ fn main() {
     }
     let mut nip98 = Vec::new();
     for (method, url, body) in [
-        ("POST", "https://relay.example.com/deliveries/claim", r#"{"lease_seconds":30}"#),
+        (
+            "POST",
+            "https://relay.example.com/deliveries/claim",
+            r#"{"lease_seconds":30}"#,
+        ),
         ("GET", "https://relay.example.com/deliveries?status=pending", ""),
     ] {
         let mut tags = vec![Tag::custom("u", [url]), Tag::custom("method", [method])];
         if !body.is_empty() {
             use sha2::Digest;
-            tags.push(Tag::custom("payload", [hex::encode(sha2::Sha256::digest(body.as_bytes()))]));
+            tags.push(Tag::custom(
+                "payload",
+                [hex::encode(sha2::Sha256::digest(body.as_bytes()))],
+            ));
         }
         let ev = EventBuilder::new(Kind::from_u16(protocol::nip98::KIND), "")
             .tags(tags)

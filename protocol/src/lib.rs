@@ -9,5 +9,7 @@ pub mod kinds;
 pub mod message;
 pub mod nip98;
 pub mod nip_oa;
+pub mod template;
+pub mod workflow;
 
 pub use nostr;

@@ -27,7 +27,11 @@ fn rust_made_signatures_verified_by_nostr_tools_and_reproducible() {
         // The fixture is what this code produces today (deterministic aux).
         let cond = vec["conditions"].as_str().unwrap();
         let tag = nip_oa::sign_with_aux(&owner, &agent.public_key(), cond, &[7; 32]).unwrap();
-        assert_eq!(tag.as_slice()[3], vec["sig"].as_str().unwrap(), "signature for {cond:?} changed");
+        assert_eq!(
+            tag.as_slice()[3],
+            vec["sig"].as_str().unwrap(),
+            "signature for {cond:?} changed"
+        );
         assert_eq!(
             vec["message"].as_str().unwrap(),
             format!("nostr:agent-auth:{}:{cond}", agent.public_key().to_hex())

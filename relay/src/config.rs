@@ -34,6 +34,10 @@ pub struct Config {
     pub channels: ChannelPolicy,
     /// Per-community settings, by community id.
     pub communities: std::collections::BTreeMap<String, CommunitySettings>,
+    /// Managed-agent delivery: attempts, backoff, leases, lifetimes.
+    pub deliveries: DeliveryConfig,
+    /// Workflow engine timing.
+    pub workflows: WorkflowConfig,
     /// Embedded SQLite settings.
     pub sqlite: SqliteConfig,
     /// PostgreSQL settings.
@@ -57,6 +61,8 @@ impl Default for Config {
             limits: Limits::default(),
             channels: ChannelPolicy::default(),
             communities: std::collections::BTreeMap::new(),
+            deliveries: DeliveryConfig::default(),
+            workflows: WorkflowConfig::default(),
             sqlite: SqliteConfig::default(),
             postgres: PostgresConfig::default(),
             shutdown_grace_ms: 5_000,
@@ -173,6 +179,10 @@ pub struct Limits {
     pub auth_max_age_secs: u64,
     /// Largest HTTP request body (NIP-98 API calls).
     pub max_http_body_bytes: usize,
+    /// Sustained HTTP API calls per second per (community, pubkey); beyond: 429.
+    pub api_requests_per_second: u32,
+    /// Burst of HTTP API calls above the sustained rate.
+    pub api_burst: u32,
     /// Events buffered per community for live fan-out; a connection that
     /// falls this far behind is disconnected (it could not be served in order).
     pub fanout_buffer_events: usize,
@@ -196,6 +206,8 @@ impl Default for Limits {
             auth_max_age_secs: 600,
             fanout_buffer_events: 16_384,
             max_http_body_bytes: 1024 * 1024,
+            api_requests_per_second: 50,
+            api_burst: 200,
         }
     }
 }
@@ -219,6 +231,84 @@ impl Default for SqliteConfig {
             busy_timeout_ms: 5_000,
             synchronous: "normal".into(),
             pool_size: 8,
+        }
+    }
+}
+
+/// Managed-agent delivery (PROTOCOL.md sections 7 and 8).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DeliveryConfig {
+    /// Claims allowed per delivery (the attempt cap).
+    pub max_attempts: u32,
+    /// Backoff after a retry: `min(retry_cap_secs, retry_base_secs * 2^(attempt-1))`.
+    pub retry_base_secs: u64,
+    pub retry_cap_secs: u64,
+    /// A delivery not delivered within this long of its creation expires.
+    pub lifetime_secs: u64,
+    /// Lease when a claim names none.
+    pub default_lease_secs: u64,
+    /// Longest lease a claim or renew may ask for.
+    pub max_lease_secs: u64,
+    /// Operations one attempt may record.
+    pub max_operations_per_attempt: u32,
+    /// How often the sweeper looks for expired rows and lapsed leases.
+    pub sweep_interval_ms: u64,
+    /// Most rows one sweep pass changes per community (the rest wait for the next pass).
+    pub sweep_batch: u32,
+    /// Most deliveries one list call returns.
+    pub max_page: u32,
+}
+
+impl Default for DeliveryConfig {
+    fn default() -> Self {
+        Self {
+            max_attempts: 3,
+            retry_base_secs: 5,
+            retry_cap_secs: 300,
+            lifetime_secs: 24 * 3600,
+            default_lease_secs: 60,
+            max_lease_secs: 900,
+            max_operations_per_attempt: 1_000,
+            sweep_interval_ms: 1_000,
+            sweep_batch: 200,
+            max_page: 100,
+        }
+    }
+}
+
+impl DeliveryConfig {
+    /// Backoff before attempt `attempt + 1`, after attempt `attempt` (>= 1) asked to retry.
+    pub fn backoff_secs(&self, attempt: u32) -> u64 {
+        let exp = attempt.saturating_sub(1).min(62);
+        self.retry_base_secs
+            .saturating_mul(1u64 << exp)
+            .min(self.retry_cap_secs)
+    }
+}
+
+/// Workflow engine timing.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkflowConfig {
+    /// How often each process looks for runs to advance (runs started here
+    /// are advanced at once; this catches the rest, e.g. after a crash).
+    pub run_poll_interval_ms: u64,
+    /// How often schedules are checked.
+    pub schedule_poll_interval_ms: u64,
+    /// Most runs advanced per poll.
+    pub run_batch: u32,
+    /// Largest webhook body.
+    pub max_webhook_body_bytes: usize,
+}
+
+impl Default for WorkflowConfig {
+    fn default() -> Self {
+        Self {
+            run_poll_interval_ms: 1_000,
+            schedule_poll_interval_ms: 5_000,
+            run_batch: 100,
+            max_webhook_body_bytes: 64 * 1024,
         }
     }
 }
@@ -311,11 +401,29 @@ impl Config {
                 return Err(format!("limits.{name} must be greater than 0"));
             }
         }
-        if l.events_per_second == 0 || l.events_burst == 0 {
+        if l.events_per_second == 0
+            || l.events_burst == 0
+            || l.api_requests_per_second == 0
+            || l.api_burst == 0
+        {
             return Err("limits.events_per_second and limits.events_burst must be > 0".into());
         }
         if !matches!(self.sqlite.synchronous.as_str(), "normal" | "full") {
             return Err("sqlite.synchronous must be \"normal\" or \"full\"".into());
+        }
+        let d = &self.deliveries;
+        if d.max_attempts == 0 || d.default_lease_secs == 0 || d.max_lease_secs < d.default_lease_secs {
+            return Err("deliveries: max_attempts and default_lease_secs must be > 0, max_lease_secs >= default_lease_secs".into());
+        }
+        if d.lifetime_secs <= d.max_lease_secs
+            || d.retry_base_secs == 0
+            || d.sweep_batch == 0
+            || d.max_page == 0
+        {
+            return Err("deliveries: lifetime_secs must exceed max_lease_secs; retry_base_secs, sweep_batch, max_page > 0".into());
+        }
+        if self.workflows.run_batch == 0 || self.workflows.max_webhook_body_bytes == 0 {
+            return Err("workflows.run_batch and workflows.max_webhook_body_bytes must be > 0".into());
         }
         if self.postgres.pool_size < 2 {
             return Err("postgres.pool_size must be at least 2".into());

@@ -28,6 +28,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/", get(root))
         .route("/me", get(me))
+        .merge(crate::api::routes())
         .layer(cors)
         .with_state(state)
 }
@@ -78,6 +79,8 @@ impl FromRequestParts<Arc<AppState>> for Tenant {
 pub struct Authed {
     pub tenant: Tenant,
     pub pubkey: nostr::prelude::PublicKey,
+    /// Hex id of the (single-use) auth event.
+    pub event_id: String,
     pub body: axum::body::Bytes,
 }
 
@@ -126,6 +129,7 @@ impl axum::extract::FromRequest<Arc<AppState>> for Authed {
             Ok(true) => Ok(Authed {
                 tenant,
                 pubkey: event.pubkey,
+                event_id: event.id.to_hex(),
                 body,
             }),
             Ok(false) => {

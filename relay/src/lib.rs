@@ -2,8 +2,13 @@
 //!
 //! See `docs/ARCHITECTURE.md` for the map of modules and their invariants.
 
+pub mod api;
 pub mod community;
+pub mod engine;
+
 pub mod config;
+pub mod faults;
+
 pub mod http;
 pub mod hub;
 pub mod outbound;

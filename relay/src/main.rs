@@ -35,6 +35,53 @@ enum Command {
         #[command(subcommand)]
         command: CommunityCommand,
     },
+    /// Inspect managed-agent deliveries (JSON lines).
+    Deliveries {
+        /// Community id.
+        #[arg(long, default_value = "default")]
+        community: String,
+        #[command(subcommand)]
+        command: DeliveriesCommand,
+    },
+    /// Inspect workflow runs (JSON lines).
+    Runs {
+        /// Community id.
+        #[arg(long, default_value = "default")]
+        community: String,
+        #[command(subcommand)]
+        command: RunsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum DeliveriesCommand {
+    /// Deliveries, newest first.
+    List {
+        /// Only this status (pending, claimed, delivered, failed, expired, cancelled).
+        #[arg(long)]
+        status: Option<String>,
+        /// Only this target (hex pubkey).
+        #[arg(long)]
+        target: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// One delivery with its recorded operations.
+    Show { id: String },
+}
+
+#[derive(Subcommand)]
+enum RunsCommand {
+    /// Runs, newest first.
+    List {
+        /// Only this workflow.
+        #[arg(long)]
+        workflow: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// One run with its trace and trigger context.
+    Show { id: String },
 }
 
 #[derive(Subcommand)]
@@ -75,6 +122,8 @@ fn main() -> anyhow::Result<()> {
         match cli.command.unwrap_or(Command::Serve) {
             Command::Serve => relay::server::serve(cfg).await,
             Command::Community { command } => community(cfg, command).await,
+            Command::Deliveries { community, command } => deliveries(cfg, &community, command).await,
+            Command::Runs { community, command } => runs(cfg, &community, command).await,
         }
     })
 }
@@ -109,6 +158,64 @@ async fn community(cfg: Config, command: CommunityCommand) -> anyhow::Result<()>
             Ok(())
         }
     };
+    store.close().await;
+    result
+}
+
+async fn deliveries(cfg: Config, community: &str, command: DeliveriesCommand) -> anyhow::Result<()> {
+    let store = relay::store::open(&cfg).await.context("opening the database")?;
+    let result = async {
+        match command {
+            DeliveriesCommand::List { status, target, limit } => {
+                let target = target.map(|t| nostr::prelude::PublicKey::from_hex(&t)).transpose()?;
+                for d in store.list_deliveries(community, target.as_ref(), status.as_deref(), None, limit).await? {
+                    println!("{}", d.list_view());
+                }
+                Ok(())
+            }
+            DeliveriesCommand::Show { id } => {
+                let Some((d, ops)) = store.show_delivery(community, &id).await? else {
+                    anyhow::bail!("no delivery {id} in community {community}");
+                };
+                let mut v = d.list_view();
+                v["operations"] = ops
+                    .iter()
+                    .map(|(attempt, name, effect)| serde_json::json!({"attempt": attempt, "name": name, "effect": effect}))
+                    .collect();
+                println!("{v}");
+                Ok(())
+            }
+        }
+    }
+    .await;
+    store.close().await;
+    result
+}
+
+async fn runs(cfg: Config, community: &str, command: RunsCommand) -> anyhow::Result<()> {
+    let store = relay::store::open(&cfg).await.context("opening the database")?;
+    let result = async {
+        match command {
+            RunsCommand::List { workflow, limit } => {
+                match store
+                    .list_runs(community, workflow.as_deref(), None, None, limit)
+                    .await?
+                {
+                    Ok(runs) => runs.iter().for_each(|r| println!("{r}")),
+                    Err(r) => anyhow::bail!("{}: {}", r.code, r.message),
+                }
+                Ok(())
+            }
+            RunsCommand::Show { id } => {
+                let Some(run) = store.show_run(community, &id).await? else {
+                    anyhow::bail!("no run {id} in community {community}");
+                };
+                println!("{run}");
+                Ok(())
+            }
+        }
+    }
+    .await;
     store.close().await;
     result
 }

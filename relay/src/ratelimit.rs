@@ -40,6 +40,38 @@ impl TokenBucket {
     }
 }
 
+/// Token buckets by key (for the HTTP API: community and pubkey), bounded:
+/// past `MAX_KEYS` keys the table is cleared (everyone gets a fresh burst,
+/// memory stays bounded).
+pub struct KeyedLimiter {
+    buckets: std::sync::Mutex<std::collections::HashMap<String, TokenBucket>>,
+    rate_per_sec: u32,
+    burst: u32,
+}
+
+const MAX_KEYS: usize = 100_000;
+
+impl KeyedLimiter {
+    pub fn new(rate_per_sec: u32, burst: u32) -> Self {
+        Self {
+            buckets: std::sync::Mutex::new(std::collections::HashMap::new()),
+            rate_per_sec,
+            burst,
+        }
+    }
+
+    /// Takes one token for `key`.
+    pub fn try_take(&self, key: &str) -> bool {
+        let mut map = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        if map.len() >= MAX_KEYS && !map.contains_key(key) {
+            map.clear();
+        }
+        map.entry(key.to_string())
+            .or_insert_with(|| TokenBucket::new(self.rate_per_sec, self.burst))
+            .try_take()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -49,7 +49,9 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     let mut background = vec![
         tokio::spawn(expiry_sweeper(state.clone(), sweep_every)),
         tokio::spawn(maintenance(state.clone())),
+        tokio::spawn(crate::engine::run(state.clone())),
     ];
+
     if let Some(remote) = store
         .subscribe_remote(state.cfg.limits.fanout_buffer_events)
         .await?

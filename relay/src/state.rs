@@ -28,11 +28,17 @@ pub struct AppState {
     pub tracker: TaskTracker,
     /// Channel state for live read checks.
     pub channels: ChannelCache,
+    /// Wakes the workflow engine (a run may have started).
+    pub kick: crate::engine::Kick,
+    /// HTTP API rate limits by (community, pubkey).
+    pub api_limits: crate::ratelimit::KeyedLimiter,
 }
 
 impl AppState {
     pub fn new(cfg: Config, store: Arc<dyn Store>) -> Self {
         let capacity = cfg.limits.fanout_buffer_events;
+        let (api_rate, api_burst) = (cfg.limits.api_requests_per_second, cfg.limits.api_burst);
+
         Self {
             cfg: Arc::new(cfg),
             communities: Communities::new(store.clone()),
@@ -41,6 +47,8 @@ impl AppState {
             shutdown: CancellationToken::new(),
             tracker: TaskTracker::new(),
             channels: ChannelCache::new(CHANNEL_CACHE_ENTRIES),
+            kick: crate::engine::Kick::default(),
+            api_limits: crate::ratelimit::KeyedLimiter::new(api_rate, api_burst),
         }
     }
 

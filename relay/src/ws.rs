@@ -398,6 +398,10 @@ impl Conn {
                 for (ev, ev_raw) in published {
                     self.state.publish(&community, Arc::new(ev), Arc::from(ev_raw));
                 }
+                if kind == protocol::workflow::MESSAGE_KIND {
+                    self.state.kick.kick(); // it may have started runs
+                }
+
                 self.ok(&id, true, "")?;
             }
             Ok((InsertOutcome::Duplicate, _)) => self.ok(&id, true, "duplicate: already applied")?,

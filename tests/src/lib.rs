@@ -19,7 +19,15 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     let built = BUILT.get_or_init(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut cmd = Command::new(cargo);
-        cmd.args(["build", "--quiet", "--bins", "-p", "relay"]);
+        cmd.args([
+            "build",
+            "--quiet",
+            "--bins",
+            "-p",
+            "relay",
+            "--features",
+            "relay/faults",
+        ]);
         if profile_dir().ends_with("release") {
             cmd.arg("--release");
         }

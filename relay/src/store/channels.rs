@@ -259,9 +259,14 @@ pub async fn apply(
                 "restricted: only admins of channel {channel} may do this"
             ))
         }
-        (Some(c), k) if policy.requires_membership(k) && !c.is_member(&author) => Plan::Reject(format!(
-            "restricted: only members of channel {channel} may post in it"
-        )),
+        (Some(c), k)
+            if (policy.requires_membership(k) || k == protocol::workflow::DEFINITION_KIND)
+                && !c.is_member(&author) =>
+        {
+            Plan::Reject(format!(
+                "restricted: only members of channel {channel} may post in it"
+            ))
+        }
         _ => Plan::Apply,
     };
     match plan {
@@ -273,6 +278,18 @@ pub async fn apply(
     let outcome = insert_event_tx(tx, community, event, raw, Some(&channel)).await?;
     if outcome != InsertOutcome::Stored {
         return Ok((outcome, Vec::new()));
+    }
+    if kind == protocol::workflow::DEFINITION_KIND {
+        let v = match protocol::workflow::validate(event) {
+            Ok(v) => v,
+            Err(e) => return rejected(format!("invalid: {e}")),
+        };
+        if let Err(msg) = super::workflows::upsert_definition(tx, community, event, &v).await? {
+            return rejected(msg);
+        }
+    }
+    if kind == protocol::workflow::MESSAGE_KIND {
+        super::workflows::on_message(tx, community, &keys.public_key(), event, &channel).await?;
     }
 
     // State changes; which metadata kinds need re-publishing.
@@ -372,7 +389,9 @@ pub async fn apply(
                     .bind(channel.as_str()),
             )
             .await?;
+            super::workflows::cancel_channel(tx, community, &channel).await?;
         }
+
         _ => {}
     }
 

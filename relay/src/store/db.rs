@@ -159,6 +159,11 @@ impl From<Option<String>> for Bind {
         Bind::OptText(v)
     }
 }
+impl From<Option<Vec<u8>>> for Bind {
+    fn from(v: Option<Vec<u8>>) -> Self {
+        Bind::OptBlob(v)
+    }
+}
 impl From<Vec<u8>> for Bind {
     fn from(v: Vec<u8>) -> Self {
         Bind::Blob(v)
@@ -183,6 +188,7 @@ where
     String: for<'q> Encode<'q, A::Database> + Type<A::Database>,
     Option<String>: for<'q> Encode<'q, A::Database> + Type<A::Database>,
     Vec<u8>: for<'q> Encode<'q, A::Database> + Type<A::Database>,
+    Option<Vec<u8>>: for<'q> Encode<'q, A::Database> + Type<A::Database>,
     bool: for<'q> Encode<'q, A::Database> + Type<A::Database>,
 {
     let mut a = A::default();
@@ -193,6 +199,7 @@ where
             Bind::Text(v) => a.add(v),
             Bind::OptText(v) => a.add(v),
             Bind::Blob(v) => a.add(v),
+            Bind::OptBlob(v) => a.add(v),
             Bind::Bool(v) => a.add(v),
         };
         r.map_err(|e| StoreError::Corrupt(format!("bind: {e}")))?;

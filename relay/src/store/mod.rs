@@ -12,12 +12,15 @@
 //!   transaction that writes, so concurrent writers cannot both win.
 
 pub mod agents;
+pub mod api;
 pub mod channels;
 pub mod db;
+pub mod deliveries;
 pub mod postgres;
 pub mod sql;
 pub mod sqlite;
 pub mod sqlstore;
+pub mod workflows;
 
 use async_trait::async_trait;
 use nostr::prelude::{Event, Filter, Keys, PublicKey};
@@ -90,11 +93,16 @@ pub enum StoreError {
     Conflict(String),
     #[error("stored data is not valid: {0}")]
     Corrupt(String),
+    #[error("injected fault at {0}")]
+    Injected(String),
 }
 
-/// The storage interface of the relay.
+pub use api::WorkflowStore;
+
+/// The storage interface of the relay (events, channels, agents; and through
+/// [`WorkflowStore`] workflows and deliveries).
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Store: WorkflowStore + Send + Sync + 'static {
     /// `"sqlite"` or `"postgres"`.
     fn backend(&self) -> &'static str;
 

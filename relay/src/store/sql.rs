@@ -25,6 +25,7 @@ pub enum Bind {
     OptInt(Option<i64>),
     Text(String),
     OptText(Option<String>),
+    OptBlob(Option<Vec<u8>>),
     Blob(Vec<u8>),
     Bool(bool),
 }
@@ -113,7 +114,11 @@ pub fn push_filter(sql: &mut Sql, community: &str, f: &Filter, scope: &ReadScope
     if let Some(ids) = f.ids.as_ref().filter(|s| !s.is_empty()) {
         sql.push(" AND e.id IN ");
         sql.bind_list(ids.iter().map(|id| Bind::Blob(id.as_bytes().to_vec())));
+    } else {
+        // Superseded workflow revisions answer only filters naming their id.
+        sql.push(" AND e.superseded = FALSE");
     }
+
     if let Some(authors) = f.authors.as_ref().filter(|s| !s.is_empty()) {
         sql.push(" AND e.pubkey IN ");
         sql.bind_list(authors.iter().map(|pk| Bind::Blob(pk.to_bytes().to_vec())));

@@ -120,7 +120,7 @@ pub(crate) async fn insert_event_tx(
             .all(
                 Q::new(
                     "SELECT id, created_at FROM events \
-                     WHERE community_id = $1 AND pubkey = $2 AND kind = $3 AND d_tag = $4",
+                     WHERE community_id = $1 AND pubkey = $2 AND kind = $3 AND d_tag = $4 AND superseded = FALSE",
                 )
                 .bind(community)
                 .bind(pubkey.clone())
@@ -136,14 +136,15 @@ pub(crate) async fn insert_event_tx(
                 ));
             }
         }
+        // Replaced workflow definitions stay fetchable by id: runs pin them.
+        let sql = if event.kind.as_u16() == protocol::workflow::DEFINITION_KIND {
+            "UPDATE events SET superseded = TRUE WHERE community_id = $1 AND created_at = $2 AND id = $3"
+        } else {
+            "DELETE FROM events WHERE community_id = $1 AND created_at = $2 AND id = $3"
+        };
         for v in versions {
-            tx.exec(
-                Q::new("DELETE FROM events WHERE community_id = $1 AND created_at = $2 AND id = $3")
-                    .bind(community)
-                    .bind(v.int(1)?)
-                    .bind(v.blob(0)?),
-            )
-            .await?;
+            tx.exec(Q::new(sql).bind(community).bind(v.int(1)?).bind(v.blob(0)?))
+                .await?;
         }
     }
 
@@ -195,6 +196,7 @@ async fn apply_deletion(
 ) -> Result<(), StoreError> {
     let targets = deletion_targets(event);
     for target in targets.ids {
+        super::workflows::on_definition_deleted(tx, community, &event.pubkey, Some(target), None).await?;
         tx.exec(
             Q::new("DELETE FROM events WHERE community_id = $1 AND id = $2 AND pubkey = $3 AND kind <> $4")
                 .bind(community)
@@ -216,6 +218,9 @@ async fn apply_deletion(
         .await?;
     }
     for (k, d) in targets.addresses {
+        if k == protocol::workflow::DEFINITION_KIND {
+            super::workflows::on_definition_deleted(tx, community, &event.pubkey, None, Some(&d)).await?;
+        }
         tx.exec(
             Q::new(
                 "DELETE FROM events WHERE community_id = $1 AND pubkey = $2 AND kind = $3 \

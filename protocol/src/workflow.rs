@@ -1,0 +1,467 @@
+//! Workflow definitions (kind 30620) and the tags of the messages and wake
+//! hints a workflow produces (PROTOCOL.md sections 4 to 6). Shared by the
+//! relay (which validates and executes) and the agent (which verifies).
+
+use nostr::prelude::{Event, PublicKey, Tag};
+use serde::{Deserialize, Serialize};
+
+use crate::template::{Template, TemplateError};
+
+/// Kind of a workflow definition.
+pub const DEFINITION_KIND: u16 = 30620;
+/// Kind of a workflow message (NIP-29 chat message).
+pub const MESSAGE_KIND: u16 = 9;
+/// Value of the `workflow` tag of workflow messages.
+pub const MESSAGE_VERSION: &str = "message-v1";
+/// Shortest schedule interval.
+pub const MIN_INTERVAL_SECS: u64 = 60;
+/// Longest schedule interval (a year).
+pub const MAX_INTERVAL_SECS: u64 = 366 * 24 * 3600;
+/// Most steps in one workflow.
+pub const MAX_STEPS: usize = 32;
+
+/// A definition's JSON content.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Definition {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    pub trigger: Trigger,
+    pub steps: Vec<Step>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// What starts a run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "on", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Trigger {
+    MessagePosted {
+        #[serde(default)]
+        filter: MessageFilter,
+    },
+    Webhook,
+    Schedule {
+        interval_secs: u64,
+    },
+    Manual,
+}
+
+impl Trigger {
+    /// The stored name of the trigger type.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Trigger::MessagePosted { .. } => "message_posted",
+            Trigger::Webhook => "webhook",
+            Trigger::Schedule { .. } => "schedule",
+            Trigger::Manual => "manual",
+        }
+    }
+}
+
+/// Which posted messages fire a `message_posted` workflow.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MessageFilter {
+    /// Case-insensitive substring of the message text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_contains: Option<String>,
+    /// Hex pubkeys whose messages count (all when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authors: Option<Vec<String>>,
+    /// Whether messages by managed agents count (they do not by default, so
+    /// that an agent's reply cannot loop).
+    #[serde(default)]
+    pub include_agents: bool,
+}
+
+impl MessageFilter {
+    /// Whether a message matches (the caller knows whether its author is an agent).
+    pub fn matches(&self, text: &str, author: &PublicKey, author_is_agent: bool) -> bool {
+        if author_is_agent && !self.include_agents {
+            return false;
+        }
+        if let Some(needle) = &self.text_contains {
+            if !text.to_lowercase().contains(&needle.to_lowercase()) {
+                return false;
+            }
+        }
+        if let Some(authors) = &self.authors {
+            let hex = author.to_hex();
+            if !authors.iter().any(|a| a.eq_ignore_ascii_case(&hex)) {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// One step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Step {
+    SendMessage {
+        id: String,
+        text: String,
+        #[serde(default)]
+        reply_in_thread: bool,
+    },
+}
+
+impl Step {
+    pub fn id(&self) -> &str {
+        match self {
+            Step::SendMessage { id, .. } => id,
+        }
+    }
+}
+
+/// Why a definition is invalid (the text follows `OK false invalid:`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DefinitionError {
+    #[error("definition content is not valid JSON for a workflow: {0}")]
+    Json(String),
+    #[error("definition needs exactly one d tag (the workflow id, [a-z0-9_-]{{1,64}})")]
+    BadId,
+    #[error("definition needs exactly one h tag (the channel)")]
+    BadChannel,
+    #[error("name must be 1 to 200 characters")]
+    BadName,
+    #[error("a workflow needs 1 to {MAX_STEPS} steps")]
+    StepCount,
+    #[error("step id {0:?} must be [a-z0-9_-]{{1,64}} and unique")]
+    BadStepId(String),
+    #[error("step {step}: {error}")]
+    Template { step: String, error: TemplateError },
+    #[error("schedule interval_secs must be between {MIN_INTERVAL_SECS} and {MAX_INTERVAL_SECS}")]
+    BadInterval,
+    #[error("filter.authors must be 64-character hex pubkeys")]
+    BadAuthors,
+    #[error("filter.text_contains must not be empty")]
+    EmptyTextFilter,
+}
+
+fn valid_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+}
+
+fn single_tag<'e>(event: &'e Event, name: &str) -> Option<&'e str> {
+    let mut it = event.tags.iter().filter(|t| t.kind() == name);
+    let first = it.next()?.content()?;
+    it.next().is_none().then_some(first)
+}
+
+/// A validated definition with its ids.
+#[derive(Debug, Clone)]
+pub struct Validated {
+    pub workflow_id: String,
+    pub channel: String,
+    pub definition: Definition,
+    /// Parsed templates, by step index.
+    pub templates: Vec<Template>,
+}
+
+/// Validates a kind 30620 event (tags and content).
+pub fn validate(event: &Event) -> Result<Validated, DefinitionError> {
+    let workflow_id = single_tag(event, "d")
+        .filter(|d| valid_id(d))
+        .ok_or(DefinitionError::BadId)?;
+    let channel = single_tag(event, "h")
+        .filter(|h| !h.is_empty())
+        .ok_or(DefinitionError::BadChannel)?;
+    let definition = parse(&event.content)?;
+    let templates = check(&definition)?;
+    Ok(Validated {
+        workflow_id: workflow_id.to_string(),
+        channel: channel.to_string(),
+        definition,
+        templates,
+    })
+}
+
+/// Parses a definition's content.
+pub fn parse(content: &str) -> Result<Definition, DefinitionError> {
+    serde_json::from_str(content).map_err(|e| DefinitionError::Json(e.to_string()))
+}
+
+/// Checks a parsed definition; returns its templates.
+pub fn check(d: &Definition) -> Result<Vec<Template>, DefinitionError> {
+    let name_chars = d.name.chars().count();
+    if name_chars == 0 || name_chars > 200 {
+        return Err(DefinitionError::BadName);
+    }
+    if d.steps.is_empty() || d.steps.len() > MAX_STEPS {
+        return Err(DefinitionError::StepCount);
+    }
+    match &d.trigger {
+        Trigger::Schedule { interval_secs }
+            if !(MIN_INTERVAL_SECS..=MAX_INTERVAL_SECS).contains(interval_secs) =>
+        {
+            return Err(DefinitionError::BadInterval)
+        }
+        Trigger::MessagePosted { filter } => {
+            if filter.text_contains.as_deref() == Some("") {
+                return Err(DefinitionError::EmptyTextFilter);
+            }
+            if let Some(authors) = &filter.authors {
+                if !authors
+                    .iter()
+                    .all(|a| a.len() == 64 && PublicKey::from_hex(a).is_ok())
+                {
+                    return Err(DefinitionError::BadAuthors);
+                }
+            }
+        }
+        _ => {}
+    }
+    let mut seen: Vec<&str> = Vec::new();
+    let mut templates = Vec::with_capacity(d.steps.len());
+    for step in &d.steps {
+        let id = step.id();
+        if !valid_id(id) || seen.contains(&id) {
+            return Err(DefinitionError::BadStepId(id.to_string()));
+        }
+        let Step::SendMessage { text, .. } = step;
+        let t = Template::parse(text)
+            .and_then(|t| t.check(&seen).map(|_| t))
+            .map_err(|error| DefinitionError::Template {
+                step: id.to_string(),
+                error,
+            })?;
+        templates.push(t);
+        seen.push(id);
+    }
+    Ok(templates)
+}
+
+/// What caused a run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cause {
+    /// `event`, `webhook`, `schedule` or `manual`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Trigger event id, webhook request id, schedule slot, or manual request id.
+    pub id: String,
+}
+
+/// Everything that identifies one workflow message.
+#[derive(Debug, Clone)]
+pub struct MessageBinding<'a> {
+    pub channel: &'a str,
+    pub definition_event_id: &'a str,
+    pub step_id: &'a str,
+    pub run_id: &'a str,
+    pub owner: &'a PublicKey,
+    pub cause: &'a Cause,
+    pub recipients: &'a [PublicKey],
+    /// Trigger event to thread under (NIP-10), when the step replies in thread.
+    pub reply_to: Option<&'a str>,
+}
+
+/// The exact tags of a workflow message (PROTOCOL.md section 5).
+pub fn message_tags(b: &MessageBinding<'_>) -> Vec<Tag> {
+    let mut tags = vec![
+        Tag::custom("h", [b.channel]),
+        Tag::custom("workflow-definition", [b.definition_event_id, b.step_id]),
+        Tag::custom("workflow-run", [b.run_id]),
+        Tag::custom("workflow-step", [b.step_id]),
+        Tag::custom("workflow-owner", [b.owner.to_hex()]),
+        Tag::custom("workflow-cause", [b.cause.kind.as_str(), b.cause.id.as_str()]),
+    ];
+    for p in b.recipients {
+        tags.push(Tag::custom("p", [p.to_hex()]));
+    }
+    if let Some(e) = b.reply_to {
+        tags.push(Tag::custom("e", [e, "", "root"]));
+    }
+    tags.push(Tag::custom("workflow", [MESSAGE_VERSION]));
+    tags
+}
+
+/// Recipients of a step: the owner, then every literal mention, once each.
+pub fn recipients(owner: &PublicKey, template: &Template) -> Vec<PublicKey> {
+    let mut out = vec![*owner];
+    for pk in crate::template::mentions(template) {
+        if !out.contains(&pk) {
+            out.push(pk);
+        }
+    }
+    out
+}
+
+/// Tag values of an event by name (first value of each).
+pub fn tag_values<'e>(event: &'e Event, name: &str) -> Vec<&'e str> {
+    event
+        .tags
+        .iter()
+        .filter(|t| t.kind() == name)
+        .filter_map(|t| t.content())
+        .collect()
+}
+
+/// The whole tag by name (first one), as a slice.
+pub fn tag_slice<'e>(event: &'e Event, name: &str) -> Option<&'e [String]> {
+    event.tags.iter().find(|t| t.kind() == name).map(|t| t.as_slice())
+}
+
+/// Tags of a wake hint (kind 24620, PROTOCOL.md section 6).
+pub fn wake_tags(
+    target: &PublicKey,
+    channel: &str,
+    delivery_id: &str,
+    definition_event_id: &str,
+    run_id: &str,
+    step_id: &str,
+    message_event_id: &str,
+) -> Vec<Tag> {
+    vec![
+        Tag::custom("p", [target.to_hex()]),
+        Tag::custom("h", [channel]),
+        Tag::custom("delivery", [delivery_id]),
+        Tag::custom("workflow-definition", [definition_event_id]),
+        Tag::custom("workflow-run", [run_id]),
+        Tag::custom("workflow-step", [step_id]),
+        Tag::custom("e", [message_event_id]),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nostr::prelude::{EventBuilder, FinalizeEvent, Keys, Kind};
+    use serde_json::json;
+
+    fn def_event(content: &serde_json::Value, tags: &[(&str, &str)]) -> Event {
+        let tags: Vec<Tag> = tags.iter().map(|(k, v)| Tag::custom(*k, [*v])).collect();
+        EventBuilder::new(Kind::from_u16(DEFINITION_KIND), content.to_string())
+            .tags(tags)
+            .finalize(&Keys::generate())
+            .unwrap()
+    }
+
+    fn good() -> serde_json::Value {
+        json!({"name": "triage", "trigger": {"on": "message_posted", "filter": {"text_contains": "help"}},
+               "steps": [{"id": "ask", "action": "send_message", "text": "Look at {{trigger.text}}"},
+                         {"id": "after", "action": "send_message", "text": "done {{steps.ask.output.event_id}}"}]})
+    }
+
+    #[test]
+    fn validates_a_good_definition() {
+        let v = validate(&def_event(&good(), &[("d", "triage"), ("h", "ops")])).unwrap();
+        assert_eq!(v.workflow_id, "triage");
+        assert_eq!(v.channel, "ops");
+        assert!(v.definition.enabled);
+        for trig in [
+            json!({"on": "webhook"}),
+            json!({"on": "manual"}),
+            json!({"on": "schedule", "interval_secs": 60}),
+        ] {
+            let mut d = good();
+            d["trigger"] = trig;
+            assert!(validate(&def_event(&d, &[("d", "w"), ("h", "c")])).is_ok());
+        }
+    }
+
+    #[test]
+    fn names_each_invalid_case() {
+        let tags = [("d", "w"), ("h", "c")];
+        let bad = |f: &dyn Fn(&mut serde_json::Value)| {
+            let mut d = good();
+            f(&mut d);
+            validate(&def_event(&d, &tags)).unwrap_err()
+        };
+        assert!(matches!(
+            bad(&|d| d["name"] = json!("")),
+            DefinitionError::BadName
+        ));
+        assert!(matches!(
+            bad(&|d| d["steps"] = json!([])),
+            DefinitionError::StepCount
+        ));
+        assert!(matches!(
+            bad(&|d| d["trigger"] = json!({"on": "schedule", "interval_secs": 59})),
+            DefinitionError::BadInterval
+        ));
+        assert!(matches!(
+            bad(&|d| d["trigger"] = json!({"on": "telepathy"})),
+            DefinitionError::Json(_)
+        ));
+        assert!(matches!(
+            bad(&|d| d["extra"] = json!(1)),
+            DefinitionError::Json(_)
+        ));
+        assert!(matches!(
+            bad(&|d| d["steps"][1]["id"] = json!("ask")),
+            DefinitionError::BadStepId(_)
+        ));
+        assert!(matches!(
+            bad(&|d| d["steps"][0]["id"] = json!("Bad Id")),
+            DefinitionError::BadStepId(_)
+        ));
+        assert!(matches!(
+            bad(&|d| d["steps"][0]["action"] = json!("launch_missiles")),
+            DefinitionError::Json(_)
+        ));
+        assert!(matches!(
+            bad(&|d| d["steps"][0]["text"] = json!("{{trigger.secret}}")),
+            DefinitionError::Template { .. }
+        ));
+        // A step may only use outputs of earlier steps.
+        assert!(matches!(
+            bad(&|d| d["steps"][0]["text"] = json!("{{steps.after.output.x}}")),
+            DefinitionError::Template { .. }
+        ));
+        assert!(matches!(
+            bad(&|d| d["trigger"]["filter"]["authors"] = json!(["nope"])),
+            DefinitionError::BadAuthors
+        ));
+        assert!(matches!(
+            bad(&|d| d["trigger"]["filter"]["text_contains"] = json!("")),
+            DefinitionError::EmptyTextFilter
+        ));
+        assert!(matches!(
+            validate(&def_event(&good(), &[("h", "c")])),
+            Err(DefinitionError::BadId)
+        ));
+        assert!(matches!(
+            validate(&def_event(&good(), &[("d", "w")])),
+            Err(DefinitionError::BadChannel)
+        ));
+        assert!(matches!(
+            validate(&def_event(&good(), &[("d", "w"), ("h", "a"), ("h", "b")])),
+            Err(DefinitionError::BadChannel)
+        ));
+        assert!(matches!(
+            validate(&def_event(&json!("not an object"), &tags)),
+            Err(DefinitionError::Json(_))
+        ));
+    }
+
+    #[test]
+    fn message_filter() {
+        let pk = Keys::generate().public_key();
+        let f = MessageFilter {
+            text_contains: Some("HeLp".into()),
+            authors: None,
+            include_agents: false,
+        };
+        assert!(f.matches("please help me", &pk, false));
+        assert!(!f.matches("please help me", &pk, true));
+        assert!(!f.matches("nothing", &pk, false));
+        let f = MessageFilter {
+            text_contains: None,
+            authors: Some(vec![pk.to_hex()]),
+            include_agents: true,
+        };
+        assert!(f.matches("x", &pk, true));
+        assert!(!f.matches("x", &Keys::generate().public_key(), false));
+    }
+}

@@ -1,0 +1,413 @@
+//! The HTTP API (PROTOCOL.md sections 4 and 7): deliveries for agents,
+//! workflow calls for owners, webhooks. Every call but the webhook is NIP-98
+//! authenticated ([`Authed`]); every answer is JSON; every refusal is
+//! `{"error": code, "message": …}` with the status the contract names.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use crate::http::{error, Authed, Tenant};
+use crate::state::AppState;
+use crate::store::deliveries::{Answer, ClaimRequest, FinishRequest, Refusal};
+use crate::store::StoreError;
+
+/// The API routes.
+pub fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/deliveries", get(list_deliveries))
+        .route("/deliveries/claim", post(claim))
+        .route("/deliveries/{id}/renew", post(renew))
+        .route("/deliveries/{id}/operations", post(operation))
+        .route("/deliveries/{id}/finish", post(finish))
+        .route("/workflows/{id}/webhook-secret", post(webhook_secret))
+        .route("/workflows/{id}/runs", post(manual_run).get(list_runs))
+        .route("/hooks/{id}", post(webhook))
+}
+
+fn refused(r: Refusal) -> Response {
+    let status = StatusCode::from_u16(r.status).unwrap_or(StatusCode::BAD_REQUEST);
+    error(status, r.code, r.message)
+}
+
+fn unavailable(e: &StoreError) -> Response {
+    tracing::error!(error = %e, "API storage call failed");
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "storage_unavailable",
+        "the database is unavailable; try again",
+    )
+}
+
+/// Turns a store result into a response.
+fn answer<T>(r: Result<Answer<T>, StoreError>, ok: impl FnOnce(T) -> Value) -> Response {
+    match r {
+        Ok(Ok(v)) => Json(ok(v)).into_response(),
+        Ok(Err(refusal)) => refused(refusal),
+        Err(e) => unavailable(&e),
+    }
+}
+
+/// Parses a JSON body (an empty body is `{}`).
+fn body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Refusal> {
+    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        bytes
+    };
+    serde_json::from_slice(bytes).map_err(|e| Refusal::new(400, "malformed", e.to_string()))
+}
+
+/// Per (community, pubkey) rate limit.
+fn limited(state: &AppState, auth: &Authed) -> Option<Response> {
+    let key = format!("{}:{}", auth.tenant.community.id, auth.pubkey.to_hex());
+    (!state.api_limits.try_take(&key)).then(|| {
+        error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            "too many requests; slow down",
+        )
+    })
+}
+
+async fn claim(State(state): State<Arc<AppState>>, auth: Authed) -> Response {
+    if let Some(r) = limited(&state, &auth) {
+        return r;
+    }
+    let req: ClaimRequest = match body(&auth.body) {
+        Ok(r) => r,
+        Err(r) => return refused(r),
+    };
+    let community = &auth.tenant.community.id;
+    let r = state
+        .store
+        .claim(community, &auth.pubkey, &req, &state.cfg.deliveries)
+        .await;
+    answer(r, |d| json!({"delivery": d.map(|d| d.claim_view())}))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RenewRequest {
+    claim_token: String,
+    lease_seconds: Option<u64>,
+}
+
+async fn renew(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth: Authed) -> Response {
+    if let Some(r) = limited(&state, &auth) {
+        return r;
+    }
+    let req: RenewRequest = match body(&auth.body) {
+        Ok(r) => r,
+        Err(r) => return refused(r),
+    };
+    let community = &auth.tenant.community.id;
+    let r = state
+        .store
+        .renew(
+            community,
+            &auth.pubkey,
+            &id,
+            &req.claim_token,
+            req.lease_seconds,
+            &state.cfg.deliveries,
+        )
+        .await;
+    answer(r, |t| json!({"claim_expires_at": t}))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OperationRequest {
+    claim_token: String,
+    name: String,
+    effect: String,
+}
+
+async fn operation(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth: Authed) -> Response {
+    if let Some(r) = limited(&state, &auth) {
+        return r;
+    }
+    let req: OperationRequest = match body(&auth.body) {
+        Ok(r) => r,
+        Err(r) => return refused(r),
+    };
+    let community = &auth.tenant.community.id;
+    let r = state
+        .store
+        .record_operation(
+            community,
+            &auth.pubkey,
+            &id,
+            &req.claim_token,
+            &req.name,
+            &req.effect,
+            &state.cfg.deliveries,
+        )
+        .await;
+    answer(r, |()| json!({"recorded": true}))
+}
+
+async fn finish(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth: Authed) -> Response {
+    if let Some(r) = limited(&state, &auth) {
+        return r;
+    }
+    let req: FinishRequest = match body(&auth.body) {
+        Ok(r) => r,
+        Err(r) => return refused(r),
+    };
+    let community = auth.tenant.community.id.clone();
+    let keys = auth.tenant.community.keys.clone();
+    let r = state
+        .store
+        .finish(&community, &keys, &auth.pubkey, &id, &req, &state.cfg.deliveries)
+        .await;
+    match r {
+        Ok(Ok(f)) => {
+            let replied = !f.published.is_empty();
+            for (ev, raw) in f.published {
+                state.publish(&community, Arc::new(ev), Arc::from(raw));
+            }
+            if replied {
+                state.kick.kick(); // a reply may start workflows that include agents
+            }
+            Json(json!({"status": f.status})).into_response()
+        }
+        Ok(Err(refusal)) => refused(refusal),
+        Err(e) => unavailable(&e),
+    }
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    status: Option<String>,
+    before: Option<i64>,
+    limit: Option<u32>,
+}
+
+async fn list_deliveries(
+    State(state): State<Arc<AppState>>,
+    Query(q): Query<ListQuery>,
+    auth: Authed,
+) -> Response {
+    if let Some(r) = limited(&state, &auth) {
+        return r;
+    }
+    const STATUSES: [&str; 6] = [
+        "pending",
+        "claimed",
+        "delivered",
+        "failed",
+        "expired",
+        "cancelled",
+    ];
+    if q.status.as_deref().is_some_and(|s| !STATUSES.contains(&s)) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "bad_status",
+            format!("status must be one of {STATUSES:?}"),
+        );
+    }
+    let limit = q
+        .limit
+        .unwrap_or(state.cfg.deliveries.max_page)
+        .clamp(1, state.cfg.deliveries.max_page);
+    let community = &auth.tenant.community.id;
+    let r = state
+        .store
+        .list_deliveries(
+            community,
+            Some(&auth.pubkey),
+            q.status.as_deref(),
+            q.before,
+            limit,
+        )
+        .await;
+    match r {
+        Ok(rows) => {
+            let next = (rows.len() == limit as usize)
+                .then(|| rows.last().map(|d| d.created_at))
+                .flatten();
+            Json(json!({"deliveries": rows.iter().map(|d| d.list_view()).collect::<Vec<_>>(), "next_before": next}))
+                .into_response()
+        }
+        Err(e) => unavailable(&e),
+    }
+}
+
+async fn webhook_secret(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    auth: Authed,
+) -> Response {
+    if let Some(r) = limited(&state, &auth) {
+        return r;
+    }
+    let secret = hex::encode(rand::random::<[u8; 32]>());
+    let hash = hex::encode(Sha256::digest(secret.as_bytes()));
+    let community = &auth.tenant.community.id;
+    let r = state
+        .store
+        .set_webhook_secret(community, &id, &auth.pubkey, &hash)
+        .await;
+    answer(r, |()| json!({"secret": secret}))
+}
+
+async fn manual_run(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth: Authed) -> Response {
+    if let Some(r) = limited(&state, &auth) {
+        return r;
+    }
+    let input: Value = match body(&auth.body) {
+        Ok(v) => v,
+        Err(r) => return refused(r),
+    };
+    if !input.is_object() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "malformed",
+            "the body must be a JSON object",
+        );
+    }
+    // The auth event is single use, so its id names this request exactly once.
+    let cause = protocol::workflow::Cause {
+        kind: "manual".into(),
+        id: auth.event_id.clone(),
+    };
+    let ctx = json!({"author": auth.pubkey.to_hex(), "body": input});
+    let community = &auth.tenant.community.id;
+    let r = state
+        .store
+        .start_run(community, &id, Some(&auth.pubkey), "manual", cause, ctx)
+        .await;
+    state.kick.kick();
+    answer(r, |(run, _)| json!({"run_id": run}))
+}
+
+#[derive(Deserialize)]
+struct RunsQuery {
+    before: Option<i64>,
+    limit: Option<u32>,
+}
+
+async fn list_runs(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    Query(q): Query<RunsQuery>,
+    auth: Authed,
+) -> Response {
+    if let Some(r) = limited(&state, &auth) {
+        return r;
+    }
+    let limit = q.limit.unwrap_or(50).clamp(1, state.cfg.deliveries.max_page);
+    let community = &auth.tenant.community.id;
+    let r = state
+        .store
+        .list_runs(community, Some(&id), Some(&auth.pubkey), q.before, limit)
+        .await;
+    answer(r, |runs| {
+        let next = (runs.len() == limit as usize)
+            .then(|| runs.last().map(|r| r["created_at"].clone()))
+            .flatten();
+        json!({"runs": runs, "next_before": next})
+    })
+}
+
+/// `POST /hooks/<id>` with `Authorization: Bearer <secret>`; the JSON body
+/// is private trigger data. An `Idempotency-Key` header names the request
+/// (the same key never starts a second run); without one, each call is new.
+async fn webhook(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    tenant: Tenant,
+    headers: HeaderMap,
+    bytes: axum::body::Bytes,
+) -> Response {
+    if bytes.len() > state.cfg.workflows.max_webhook_body_bytes {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            "webhook body too large",
+        );
+    }
+    let community = tenant.community.id.clone();
+    let key = format!("{community}:hook:{id}");
+    if !state.api_limits.try_take(&key) {
+        return error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            "too many requests; slow down",
+        );
+    }
+    let secret = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let target = match state.store.webhook_target(&community, &id).await {
+        Ok(t) => t,
+        Err(e) => return unavailable(&e),
+    };
+    let Some((Some(hash), _, _)) = &target else {
+        // Unknown workflow and "no secret set" look the same to a caller without one.
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "bad_secret",
+            "missing or wrong webhook secret",
+        );
+    };
+    let given = secret
+        .map(|s| hex::encode(Sha256::digest(s.as_bytes())))
+        .unwrap_or_default();
+    if !constant_time_eq(given.as_bytes(), hash.as_bytes()) {
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "bad_secret",
+            "missing or wrong webhook secret",
+        );
+    }
+    let data: Value = match body(&bytes) {
+        Ok(v) => v,
+        Err(r) => return refused(r),
+    };
+    if !data.is_object() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "malformed",
+            "the body must be a JSON object",
+        );
+    }
+    let request_id = match headers.get("idempotency-key").and_then(|v| v.to_str().ok()) {
+        Some(k) if !k.is_empty() && k.len() <= 200 => {
+            format!("key:{}", hex::encode(Sha256::digest(k.as_bytes())))
+        }
+        Some(_) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "malformed",
+                "Idempotency-Key must be 1 to 200 bytes",
+            )
+        }
+        None => crate::store::workflows::new_id(),
+    };
+    let cause = protocol::workflow::Cause {
+        kind: "webhook".into(),
+        id: request_id,
+    };
+    let r = state
+        .store
+        .start_run(&community, &id, None, "webhook", cause, json!({"body": data}))
+        .await;
+    state.kick.kick();
+    answer(r, |(run, _)| json!({"run_id": run}))
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

@@ -1,0 +1,174 @@
+//! The workflow engine of one relay process: advances runs, fires
+//! schedules, sweeps deliveries, and sends wake hints after each commit.
+//!
+//! Every process runs one engine; they may all work on the same runs and
+//! rows at once (PostgreSQL): each step and each transition is one
+//! transaction that re-checks the state it changes, so the work collapses
+//! to one effect. A run started here is advanced at once (`kick`); the
+//! periodic pass picks up everything else, including runs interrupted by a
+//! crash, which resume at their current step.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, SecretKey, Timestamp};
+use tokio::sync::Notify;
+
+use crate::state::{unix_now, AppState};
+use crate::store::workflows::NewDelivery;
+
+/// Wakes the engine early.
+#[derive(Default)]
+pub struct Kick(Notify);
+
+impl Kick {
+    pub fn kick(&self) {
+        self.0.notify_one();
+    }
+}
+
+/// Signing keys of every community, refreshed each pass (communities are
+/// added from the CLI while the relay runs).
+async fn communities(state: &AppState, cache: &mut HashMap<String, Keys>) -> Vec<(String, Keys)> {
+    match state.store.list_communities().await {
+        Ok(list) => {
+            for c in list {
+                if let std::collections::hash_map::Entry::Vacant(v) = cache.entry(c.id.clone()) {
+                    if let Ok(sk) = SecretKey::from_hex(&c.secret_key_hex) {
+                        v.insert(Keys::new(sk));
+                    }
+                }
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "listing communities failed"),
+    }
+    cache.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+/// Announces events of a committed transaction to live subscribers here.
+fn announce(state: &AppState, community: &str, published: Vec<(Event, String)>) {
+    for (ev, raw) in published {
+        state.publish(community, Arc::new(ev), Arc::from(raw));
+    }
+}
+
+/// Sends the wake hint (kind 24620) of a new delivery row: here, and on
+/// PostgreSQL to every other process. It is only an accelerator: agents
+/// also poll, so a lost wake costs latency, never work.
+async fn wake(state: &AppState, community: &str, keys: &Keys, d: &NewDelivery) {
+    let tags = protocol::workflow::wake_tags(
+        &d.target,
+        &d.channel,
+        &d.id,
+        &d.definition_event_id,
+        &d.run_id,
+        &d.step_id,
+        &d.message_event_id,
+    );
+    let Ok(ev) = EventBuilder::new(Kind::from_u16(protocol::kinds::WAKE_HINT), "")
+        .tags(tags)
+        .custom_created_at(Timestamp::from_secs(unix_now()))
+        .finalize(keys)
+    else {
+        return;
+    };
+    let raw = serde_json::to_string(&ev).unwrap_or_default();
+    if let Err(e) = crate::faults::check("wake:before_send") {
+        tracing::warn!(error = %e, "wake not sent");
+        return;
+    }
+    state.publish(community, Arc::new(ev), Arc::from(raw.as_str()));
+    if let Err(e) = state.store.publish_ephemeral(community, &raw).await {
+        tracing::warn!(error = %e, "wake not forwarded to other relay processes");
+    }
+}
+
+/// Advances one run as far as it goes now.
+async fn advance(state: &AppState, community: &str, keys: &Keys, run_id: &str) {
+    // Bounded: a run has at most MAX_STEPS steps.
+    for _ in 0..=protocol::workflow::MAX_STEPS {
+        match state
+            .store
+            .execute_run_step(community, keys, run_id, &state.cfg.deliveries)
+            .await
+        {
+            Ok(out) => {
+                announce(state, community, out.published);
+                for d in &out.new_deliveries {
+                    wake(state, community, keys, d).await;
+                }
+                if !out.more {
+                    return;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(community, run_id, error = %e, "workflow step failed; will retry");
+                return;
+            }
+        }
+    }
+}
+
+/// One pass over every community: schedules, runs, sweep.
+async fn pass(state: &AppState, keys: &mut HashMap<String, Keys>, schedules_due: bool, sweep_due: bool) {
+    for (community, k) in communities(state, keys).await {
+        if schedules_due {
+            if let Err(e) = state.store.fire_schedules(&community).await {
+                tracing::warn!(community, error = %e, "schedules failed");
+            }
+        }
+        match state
+            .store
+            .running_runs(&community, state.cfg.workflows.run_batch)
+            .await
+        {
+            Ok(runs) => {
+                for run in runs {
+                    advance(state, &community, &k, &run).await;
+                }
+            }
+            Err(e) => tracing::warn!(community, error = %e, "listing runs failed"),
+        }
+        if sweep_due {
+            match state
+                .store
+                .sweep_deliveries(&community, &k, &state.cfg.deliveries)
+                .await
+            {
+                Ok(notices) => announce(state, &community, notices),
+                Err(e) => tracing::warn!(community, error = %e, "delivery sweep failed"),
+            }
+        }
+    }
+}
+
+/// Runs the engine until shutdown. The first pass (at start-up) sweeps
+/// every nonterminal state and resumes interrupted runs.
+pub async fn run(state: Arc<AppState>) {
+    let wf = state.cfg.workflows.clone();
+    let run_every = Duration::from_millis(wf.run_poll_interval_ms.max(10));
+    let schedule_every = Duration::from_millis(wf.schedule_poll_interval_ms.max(100));
+    let sweep_every = Duration::from_millis(state.cfg.deliveries.sweep_interval_ms.max(10));
+    let mut keys = HashMap::new();
+    let mut last_schedule = tokio::time::Instant::now() - schedule_every;
+    let mut last_sweep = tokio::time::Instant::now() - sweep_every;
+    loop {
+        let now = tokio::time::Instant::now();
+        let schedules_due = now.duration_since(last_schedule) >= schedule_every;
+        let sweep_due = now.duration_since(last_sweep) >= sweep_every;
+        if schedules_due {
+            last_schedule = now;
+        }
+        if sweep_due {
+            last_sweep = now;
+        }
+        pass(&state, &mut keys, schedules_due, sweep_due).await;
+        let nap = run_every.min(sweep_every);
+        tokio::select! {
+            _ = state.shutdown.cancelled() => return,
+            _ = state.kick.0.notified() => {}
+            _ = tokio::time::sleep(nap) => {}
+        }
+    }
+}

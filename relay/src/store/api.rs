@@ -1,0 +1,382 @@
+//! [`WorkflowStore`]: the workflow and delivery half of the storage
+//! interface, one transaction per call (PostgreSQL announcements of what a
+//! call stored are sent inside it).
+
+use async_trait::async_trait;
+use nostr::prelude::{Event, Keys, PublicKey};
+use protocol::workflow::Cause;
+use serde_json::Value;
+
+use super::deliveries::{self, Answer, ClaimRequest, Delivery, FinishRequest, Finished, Refusal};
+use super::sqlstore::SqlStore;
+use super::workflows::{self, StepOutcome};
+use super::StoreError;
+use crate::config::DeliveryConfig;
+
+/// Workflows, runs and deliveries.
+#[async_trait]
+pub trait WorkflowStore: Send + Sync {
+    /// Executes the current step of a run (see `workflows::execute_step`).
+    async fn execute_run_step(
+        &self,
+        community: &str,
+        keys: &Keys,
+        run_id: &str,
+        cfg: &DeliveryConfig,
+    ) -> Result<StepOutcome, StoreError>;
+
+    /// Runs still running in a community, oldest first.
+    async fn running_runs(&self, community: &str, limit: u32) -> Result<Vec<String>, StoreError>;
+
+    /// Fires due schedule slots; returns new runs.
+    async fn fire_schedules(&self, community: &str) -> Result<Vec<String>, StoreError>;
+
+    /// Starts a run of a workflow whose trigger is `trigger` (manual runs
+    /// also need `caller` to be the owner). Returns (run id, newly created).
+    async fn start_run(
+        &self,
+        community: &str,
+        workflow_id: &str,
+        caller: Option<&PublicKey>,
+        trigger: &str,
+        cause: Cause,
+        context: Value,
+    ) -> Result<Answer<(String, bool)>, StoreError>;
+
+    /// Stores the hash of a new webhook secret for the owner.
+    async fn set_webhook_secret(
+        &self,
+        community: &str,
+        workflow_id: &str,
+        caller: &PublicKey,
+        hash_hex: &str,
+    ) -> Result<Answer<()>, StoreError>;
+
+    /// (secret hash, trigger, live) of a workflow.
+    async fn webhook_target(
+        &self,
+        community: &str,
+        workflow_id: &str,
+    ) -> Result<Option<(Option<String>, String, bool)>, StoreError>;
+
+    /// A page of runs (for the owner when `caller` is given; all for operators).
+    async fn list_runs(
+        &self,
+        community: &str,
+        workflow_id: Option<&str>,
+        caller: Option<&PublicKey>,
+        before: Option<i64>,
+        limit: u32,
+    ) -> Result<Answer<Vec<Value>>, StoreError>;
+
+    /// One run.
+    async fn show_run(&self, community: &str, run_id: &str) -> Result<Option<Value>, StoreError>;
+
+    async fn claim(
+        &self,
+        community: &str,
+        caller: &PublicKey,
+        req: &ClaimRequest,
+        cfg: &DeliveryConfig,
+    ) -> Result<Answer<Option<Delivery>>, StoreError>;
+
+    async fn renew(
+        &self,
+        community: &str,
+        caller: &PublicKey,
+        id: &str,
+        token: &str,
+        lease_seconds: Option<u64>,
+        cfg: &DeliveryConfig,
+    ) -> Result<Answer<i64>, StoreError>;
+
+    #[allow(clippy::too_many_arguments)]
+    async fn record_operation(
+        &self,
+        community: &str,
+        caller: &PublicKey,
+        id: &str,
+        token: &str,
+        name: &str,
+        effect: &str,
+        cfg: &DeliveryConfig,
+    ) -> Result<Answer<()>, StoreError>;
+
+    #[allow(clippy::too_many_arguments)]
+    async fn finish(
+        &self,
+        community: &str,
+        keys: &Keys,
+        caller: &PublicKey,
+        id: &str,
+        req: &FinishRequest,
+        cfg: &DeliveryConfig,
+    ) -> Result<Answer<Finished>, StoreError>;
+
+    /// Deliveries, newest first (one target's when given).
+    async fn list_deliveries(
+        &self,
+        community: &str,
+        target: Option<&PublicKey>,
+        status: Option<&str>,
+        before: Option<i64>,
+        limit: u32,
+    ) -> Result<Vec<Delivery>, StoreError>;
+
+    /// One delivery with its recorded operations (attempt, name, effect).
+    async fn show_delivery(
+        &self,
+        community: &str,
+        id: &str,
+    ) -> Result<Option<(Delivery, Vec<(i64, String, String)>)>, StoreError>;
+
+    /// Expires and lapses what is due; returns the notices to announce.
+    async fn sweep_deliveries(
+        &self,
+        community: &str,
+        keys: &Keys,
+        cfg: &DeliveryConfig,
+    ) -> Result<Vec<(Event, String)>, StoreError>;
+}
+
+#[async_trait]
+impl WorkflowStore for SqlStore {
+    async fn execute_run_step(
+        &self,
+        community: &str,
+        keys: &Keys,
+        run_id: &str,
+        cfg: &DeliveryConfig,
+    ) -> Result<StepOutcome, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let out = workflows::execute_step(&mut tx, community, keys, run_id, cfg).await?;
+        for (_, raw) in &out.published {
+            self.announce(&mut tx, community, raw).await?;
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    async fn running_runs(&self, community: &str, limit: u32) -> Result<Vec<String>, StoreError> {
+        let mut tx = self.pool.read().await?;
+        workflows::running_runs(&mut tx, community, limit).await
+    }
+
+    async fn fire_schedules(&self, community: &str) -> Result<Vec<String>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let runs = workflows::fire_schedules(&mut tx, community).await?;
+        tx.commit().await?;
+        Ok(runs)
+    }
+
+    async fn start_run(
+        &self,
+        community: &str,
+        workflow_id: &str,
+        caller: Option<&PublicKey>,
+        trigger: &str,
+        cause: Cause,
+        context: Value,
+    ) -> Result<Answer<(String, bool)>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        if let Some(caller) = caller {
+            if let Err((status, code)) = workflows::owned(&mut tx, community, workflow_id, caller).await? {
+                return Ok(Err(Refusal::new(
+                    status,
+                    code,
+                    "only the workflow's owner may do this",
+                )));
+            }
+        }
+        match workflows::trigger_of(&mut tx, community, workflow_id).await? {
+            None => return Ok(Err(Refusal::new(404, "unknown_workflow", "no such workflow"))),
+            Some(t) if t != trigger => {
+                return Ok(Err(Refusal::new(
+                    409,
+                    "wrong_trigger",
+                    format!("this workflow is triggered by {t}"),
+                )))
+            }
+            Some(_) => {}
+        }
+        let run = match workflows::create_run(&mut tx, community, workflow_id, &cause, context).await? {
+            Ok(r) => r,
+            Err(why) => return Ok(Err(Refusal::new(409, "workflow_disabled", why))),
+        };
+        tx.commit().await?;
+        Ok(Ok(run))
+    }
+
+    async fn set_webhook_secret(
+        &self,
+        community: &str,
+        workflow_id: &str,
+        caller: &PublicKey,
+        hash_hex: &str,
+    ) -> Result<Answer<()>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        if let Err((status, code)) = workflows::owned(&mut tx, community, workflow_id, caller).await? {
+            return Ok(Err(Refusal::new(
+                status,
+                code,
+                "only the workflow's owner may do this",
+            )));
+        }
+        workflows::set_webhook_secret(&mut tx, community, workflow_id, hash_hex).await?;
+        tx.commit().await?;
+        Ok(Ok(()))
+    }
+
+    async fn webhook_target(
+        &self,
+        community: &str,
+        workflow_id: &str,
+    ) -> Result<Option<(Option<String>, String, bool)>, StoreError> {
+        let mut tx = self.pool.read().await?;
+        workflows::webhook_target(&mut tx, community, workflow_id).await
+    }
+
+    async fn list_runs(
+        &self,
+        community: &str,
+        workflow_id: Option<&str>,
+        caller: Option<&PublicKey>,
+        before: Option<i64>,
+        limit: u32,
+    ) -> Result<Answer<Vec<Value>>, StoreError> {
+        let mut tx = self.pool.read().await?;
+        if let (Some(caller), Some(w)) = (caller, workflow_id) {
+            if let Err((status, code)) = workflows::owned(&mut tx, community, w, caller).await? {
+                return Ok(Err(Refusal::new(
+                    status,
+                    code,
+                    "only the workflow's owner may list its runs",
+                )));
+            }
+        }
+        Ok(Ok(workflows::list_runs(
+            &mut tx,
+            community,
+            workflow_id,
+            before,
+            limit,
+        )
+        .await?))
+    }
+
+    async fn show_run(&self, community: &str, run_id: &str) -> Result<Option<Value>, StoreError> {
+        let mut tx = self.pool.read().await?;
+        workflows::show_run(&mut tx, community, run_id).await
+    }
+
+    async fn claim(
+        &self,
+        community: &str,
+        caller: &PublicKey,
+        req: &ClaimRequest,
+        cfg: &DeliveryConfig,
+    ) -> Result<Answer<Option<Delivery>>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let r = deliveries::claim(&mut tx, community, caller, req, cfg).await?;
+        if matches!(r, Ok(Some(_))) {
+            tx.commit().await?;
+        }
+        Ok(r)
+    }
+
+    async fn renew(
+        &self,
+        community: &str,
+        caller: &PublicKey,
+        id: &str,
+        token: &str,
+        lease_seconds: Option<u64>,
+        cfg: &DeliveryConfig,
+    ) -> Result<Answer<i64>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let r = deliveries::renew(&mut tx, community, caller, id, token, lease_seconds, cfg).await?;
+        if r.is_ok() {
+            tx.commit().await?;
+        }
+        Ok(r)
+    }
+
+    async fn record_operation(
+        &self,
+        community: &str,
+        caller: &PublicKey,
+        id: &str,
+        token: &str,
+        name: &str,
+        effect: &str,
+        cfg: &DeliveryConfig,
+    ) -> Result<Answer<()>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let r =
+            deliveries::record_operation(&mut tx, community, caller, id, token, name, effect, cfg).await?;
+        if r.is_ok() {
+            tx.commit().await?;
+        }
+        Ok(r)
+    }
+
+    async fn finish(
+        &self,
+        community: &str,
+        keys: &Keys,
+        caller: &PublicKey,
+        id: &str,
+        req: &FinishRequest,
+        cfg: &DeliveryConfig,
+    ) -> Result<Answer<Finished>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let r = deliveries::finish(&mut tx, community, keys, caller, id, req, cfg).await?;
+        if let Ok(f) = &r {
+            for (_, raw) in &f.published {
+                self.announce(&mut tx, community, raw).await?;
+            }
+            tx.commit().await?;
+        }
+        Ok(r)
+    }
+
+    async fn list_deliveries(
+        &self,
+        community: &str,
+        target: Option<&PublicKey>,
+        status: Option<&str>,
+        before: Option<i64>,
+        limit: u32,
+    ) -> Result<Vec<Delivery>, StoreError> {
+        let mut tx = self.pool.read().await?;
+        deliveries::list_own(&mut tx, community, target, status, before, limit).await
+    }
+
+    async fn show_delivery(
+        &self,
+        community: &str,
+        id: &str,
+    ) -> Result<Option<(Delivery, Vec<(i64, String, String)>)>, StoreError> {
+        let mut tx = self.pool.read().await?;
+        let Some(d) = deliveries::show(&mut tx, community, id).await? else {
+            return Ok(None);
+        };
+        let ops = deliveries::operations(&mut tx, community, id).await?;
+        Ok(Some((d, ops)))
+    }
+
+    async fn sweep_deliveries(
+        &self,
+        community: &str,
+        keys: &Keys,
+        cfg: &DeliveryConfig,
+    ) -> Result<Vec<(Event, String)>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let published = deliveries::sweep(&mut tx, community, keys, cfg).await?;
+        for (_, raw) in &published {
+            self.announce(&mut tx, community, raw).await?;
+        }
+        tx.commit().await?;
+        Ok(published)
+    }
+}

@@ -1,0 +1,854 @@
+//! Workflows: definitions, triggers, durable runs and the `send_message`
+//! step, each change inside one transaction.
+//!
+//! The step transaction is the heart of delivery: it stores the relay-signed
+//! kind 9, the step's message record, one delivery row per managed-agent
+//! recipient (unique per run, step and target; foreign key to the exact
+//! event) and the run's advance, or none of them. A replay finds the step's
+//! message record and reuses the event; rows it already made are kept
+//! (`ON CONFLICT DO NOTHING`), so nothing is duplicated.
+
+use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, PublicKey, Timestamp};
+use protocol::template::{self, Template};
+use protocol::workflow::{self, Cause, Definition, MessageBinding, Step, Trigger, Validated};
+use serde_json::{json, Value};
+
+use super::db::{Row, Tx, Q};
+use super::sqlstore::insert_event_tx;
+use super::{InsertOutcome, StoreError};
+use crate::config::DeliveryConfig;
+use crate::faults;
+
+/// A delivery row made by a step, for its wake hint.
+#[derive(Debug, Clone)]
+pub struct NewDelivery {
+    pub id: String,
+    pub target: PublicKey,
+    pub channel: String,
+    pub definition_event_id: String,
+    pub run_id: String,
+    pub step_id: String,
+    pub message_event_id: String,
+}
+
+/// What one step execution produced.
+#[derive(Debug, Default)]
+pub struct StepOutcome {
+    /// Events to announce after commit (the message when newly made).
+    pub published: Vec<(Event, String)>,
+    /// Delivery rows made by this execution (wake each).
+    pub new_deliveries: Vec<NewDelivery>,
+    /// Whether the run has more steps to execute.
+    pub more: bool,
+}
+
+/// A new random id (128 bits, hex).
+pub fn new_id() -> String {
+    hex::encode(rand::random::<[u8; 16]>())
+}
+
+struct WorkflowRow {
+    id: String,
+    channel: String,
+    owner: [u8; 32],
+    definition_event_id: [u8; 32],
+    enabled: bool,
+    deleted: bool,
+}
+
+fn workflow_row(r: &Row) -> Result<WorkflowRow, StoreError> {
+    Ok(WorkflowRow {
+        id: r.text(0)?,
+        channel: r.text(1)?,
+        owner: r.id32(2)?,
+        definition_event_id: r.id32(3)?,
+        enabled: r.bool(4)?,
+        deleted: r.bool(5)?,
+    })
+}
+
+const WORKFLOW_COLS: &str = "id, channel, owner, definition_event_id, enabled, deleted";
+
+async fn load_workflow(tx: &mut Tx, community: &str, id: &str) -> Result<Option<WorkflowRow>, StoreError> {
+    let q = Q::new(format!(
+        "SELECT {WORKFLOW_COLS} FROM workflows WHERE community_id = $1 AND id = $2"
+    ))
+    .bind(community)
+    .bind(id);
+    tx.one(q).await?.as_ref().map(workflow_row).transpose()
+}
+
+/// Loads the definition a revision id names (superseded revisions included).
+async fn load_definition(
+    tx: &mut Tx,
+    community: &str,
+    event_id: &[u8; 32],
+) -> Result<Option<Definition>, StoreError> {
+    let row = tx
+        .one(
+            Q::new("SELECT raw FROM events WHERE community_id = $1 AND id = $2")
+                .bind(community)
+                .bind(*event_id),
+        )
+        .await?;
+    let Some(row) = row else { return Ok(None) };
+    let event: Event = serde_json::from_str(&row.text(0)?)
+        .map_err(|e| StoreError::Corrupt(format!("stored definition: {e}")))?;
+    Ok(workflow::parse(&event.content).ok())
+}
+
+/// Records a definition revision that was just stored in `tx`. `Err(text)`
+/// is the client answer when the revision must be refused (the caller rolls back).
+pub async fn upsert_definition(
+    tx: &mut Tx,
+    community: &str,
+    event: &Event,
+    v: &Validated,
+) -> Result<Result<(), String>, StoreError> {
+    let now = tx.now().await?;
+    let existing = load_workflow(tx, community, &v.workflow_id).await?;
+    let (interval, trigger) = match &v.definition.trigger {
+        Trigger::Schedule { interval_secs } => (
+            Some(i64::try_from(*interval_secs).unwrap_or(i64::MAX)),
+            "schedule",
+        ),
+        t => (None, t.name()),
+    };
+    match existing {
+        Some(w) if w.owner != event.pubkey.to_bytes() => {
+            return Ok(Err(format!(
+                "restricted: workflow id {} belongs to another owner",
+                v.workflow_id
+            )))
+        }
+        Some(w) if w.channel != v.channel => {
+            return Ok(Err(format!(
+                "invalid: workflow {} belongs to channel {}",
+                v.workflow_id, w.channel
+            )))
+        }
+        Some(w) => {
+            let was_live = w.enabled && !w.deleted;
+            tx.exec(
+                Q::new(
+                    "UPDATE workflows SET definition_event_id = $3, trigger = $4, interval_secs = $5, enabled = $6, \
+                     deleted = FALSE, updated_at = $7, enabled_at = CASE WHEN $8 THEN enabled_at ELSE $7 END \
+                     WHERE community_id = $1 AND id = $2",
+                )
+                .bind(community)
+                .bind(v.workflow_id.as_str())
+                .bind(event.id.to_bytes())
+                .bind(trigger)
+                .bind(interval)
+                .bind(v.definition.enabled)
+                .bind(now)
+                .bind(was_live),
+            )
+            .await?;
+            if !v.definition.enabled {
+                cancel_workflow(tx, community, &v.workflow_id).await?;
+            }
+        }
+        None => {
+            tx.exec(
+                Q::new(
+                    "INSERT INTO workflows (community_id, id, channel, owner, definition_event_id, trigger, \
+                     interval_secs, enabled, enabled_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)",
+                )
+                .bind(community)
+                .bind(v.workflow_id.as_str())
+                .bind(v.channel.as_str())
+                .bind(event.pubkey.to_bytes())
+                .bind(event.id.to_bytes())
+                .bind(trigger)
+                .bind(interval)
+                .bind(v.definition.enabled)
+                .bind(now),
+            )
+            .await?;
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// A NIP-09 deletion by `author` of a definition (by id or by address):
+/// the workflow stops firing and its pending work is cancelled.
+pub async fn on_definition_deleted(
+    tx: &mut Tx,
+    community: &str,
+    author: &PublicKey,
+    by_id: Option<[u8; 32]>,
+    by_workflow_id: Option<&str>,
+) -> Result<(), StoreError> {
+    let q = match (by_id, by_workflow_id) {
+        (Some(id), _) => Q::new(
+            "SELECT id FROM workflows WHERE community_id = $1 AND owner = $2 AND definition_event_id = $3",
+        )
+        .bind(community)
+        .bind(author.to_bytes())
+        .bind(id),
+        (None, Some(w)) => {
+            Q::new("SELECT id FROM workflows WHERE community_id = $1 AND owner = $2 AND id = $3")
+                .bind(community)
+                .bind(author.to_bytes())
+                .bind(w)
+        }
+        (None, None) => return Ok(()),
+    };
+    for row in tx.all(q).await? {
+        let id = row.text(0)?;
+        tx.exec(
+            Q::new("UPDATE workflows SET deleted = TRUE WHERE community_id = $1 AND id = $2")
+                .bind(community)
+                .bind(id.as_str()),
+        )
+        .await?;
+        cancel_workflow(tx, community, &id).await?;
+    }
+    Ok(())
+}
+
+/// Cancels a workflow's running runs and open deliveries.
+pub async fn cancel_workflow(tx: &mut Tx, community: &str, workflow_id: &str) -> Result<(), StoreError> {
+    let now = tx.now().await?;
+    tx.exec(
+        Q::new(
+            "UPDATE workflow_runs SET status = 'cancelled', error = 'workflow disabled or deleted', updated_at = $3 \
+             WHERE community_id = $1 AND workflow_id = $2 AND status = 'running'",
+        )
+        .bind(community)
+        .bind(workflow_id)
+        .bind(now),
+    )
+    .await?;
+    tx.exec(
+        Q::new(
+            "UPDATE workflow_agent_deliveries SET status = 'cancelled', failure_code = 'workflow_disabled', \
+             claim_token = NULL, updated_at = $3 \
+             WHERE community_id = $1 AND workflow_id = $2 AND status IN ('pending', 'claimed')",
+        )
+        .bind(community)
+        .bind(workflow_id)
+        .bind(now),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Cancels everything of a deleted channel.
+pub async fn cancel_channel(tx: &mut Tx, community: &str, channel: &str) -> Result<(), StoreError> {
+    let now = tx.now().await?;
+    tx.exec(
+        Q::new(
+            "UPDATE workflows SET deleted = TRUE, updated_at = $3 WHERE community_id = $1 AND channel = $2",
+        )
+        .bind(community)
+        .bind(channel)
+        .bind(now),
+    )
+    .await?;
+    tx.exec(
+        Q::new(
+            "UPDATE workflow_runs SET status = 'cancelled', error = 'channel deleted', updated_at = $3 \
+             WHERE community_id = $1 AND channel = $2 AND status = 'running'",
+        )
+        .bind(community)
+        .bind(channel)
+        .bind(now),
+    )
+    .await?;
+    tx.exec(
+        Q::new(
+            "UPDATE workflow_agent_deliveries SET status = 'cancelled', failure_code = 'channel_deleted', \
+             claim_token = NULL, updated_at = $3 \
+             WHERE community_id = $1 AND channel = $2 AND status IN ('pending', 'claimed')",
+        )
+        .bind(community)
+        .bind(channel)
+        .bind(now),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Creates a run for a cause unless that cause already made one (unique per
+/// community, workflow and cause). Returns the run id and whether it is new.
+pub async fn create_run(
+    tx: &mut Tx,
+    community: &str,
+    workflow_id: &str,
+    cause: &Cause,
+    mut trigger_context: Value,
+) -> Result<Result<(String, bool), String>, StoreError> {
+    let Some(w) = load_workflow(tx, community, workflow_id).await? else {
+        return Ok(Err("unknown workflow".into()));
+    };
+    if !w.enabled || w.deleted {
+        return Ok(Err("workflow is disabled".into()));
+    }
+    trigger_context["cause"] = json!(cause);
+    trigger_context["channel"] = json!(w.channel);
+    let now = tx.now().await?;
+    let id = new_id();
+    let inserted = tx
+        .exec(
+            Q::new(
+                "INSERT INTO workflow_runs (community_id, id, workflow_id, definition_event_id, channel, owner, \
+                 cause_type, cause_id, status, current_step, trigger_context, trace, created_at, updated_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'running', 0, $9, '[]', $10, $10) \
+                 ON CONFLICT (community_id, workflow_id, cause_type, cause_id) DO NOTHING",
+            )
+            .bind(community)
+            .bind(id.as_str())
+            .bind(workflow_id)
+            .bind(w.definition_event_id)
+            .bind(w.channel.as_str())
+            .bind(w.owner)
+            .bind(cause.kind.as_str())
+            .bind(cause.id.as_str())
+            .bind(trigger_context.to_string())
+            .bind(now),
+        )
+        .await?;
+    if inserted == 1 {
+        return Ok(Ok((id, true)));
+    }
+    let existing = tx
+        .one(
+            Q::new(
+                "SELECT id FROM workflow_runs WHERE community_id = $1 AND workflow_id = $2 \
+                 AND cause_type = $3 AND cause_id = $4",
+            )
+            .bind(community)
+            .bind(workflow_id)
+            .bind(cause.kind.as_str())
+            .bind(cause.id.as_str()),
+        )
+        .await?
+        .ok_or_else(|| StoreError::Corrupt("run vanished".into()))?;
+    Ok(Ok((existing.text(0)?, false)))
+}
+
+/// A kind 9 stored in a channel: starts every matching `message_posted`
+/// workflow. Relay-signed messages never trigger workflows. Returns the new runs.
+pub async fn on_message(
+    tx: &mut Tx,
+    community: &str,
+    relay_pubkey: &PublicKey,
+    event: &Event,
+    channel: &str,
+) -> Result<Vec<String>, StoreError> {
+    if event.pubkey == *relay_pubkey || event.kind.as_u16() != workflow::MESSAGE_KIND {
+        return Ok(Vec::new());
+    }
+    let rows = tx
+        .all(
+            Q::new(format!(
+                "SELECT {WORKFLOW_COLS} FROM workflows WHERE community_id = $1 AND channel = $2 \
+                 AND trigger = 'message_posted' AND enabled AND NOT deleted ORDER BY id"
+            ))
+            .bind(community)
+            .bind(channel),
+        )
+        .await?;
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let author_is_agent = tx
+        .exists(
+            Q::new("SELECT 1 FROM agents WHERE community_id = $1 AND pubkey = $2")
+                .bind(community)
+                .bind(event.pubkey.to_bytes()),
+        )
+        .await?;
+    let mut runs = Vec::new();
+    for row in &rows {
+        let w = workflow_row(row)?;
+        let Some(def) = load_definition(tx, community, &w.definition_event_id).await? else {
+            continue;
+        };
+        let Trigger::MessagePosted { filter } = &def.trigger else {
+            continue;
+        };
+        if !filter.matches(&event.content, &event.pubkey, author_is_agent) {
+            continue;
+        }
+        let cause = Cause {
+            kind: "event".into(),
+            id: event.id.to_hex(),
+        };
+        let ctx =
+            json!({"text": event.content, "author": event.pubkey.to_hex(), "event_id": event.id.to_hex()});
+        if let Ok((run, true)) = create_run(tx, community, &w.id, &cause, ctx).await? {
+            runs.push(run);
+        }
+    }
+    Ok(runs)
+}
+
+struct RunRow {
+    workflow_id: String,
+    definition_event_id: [u8; 32],
+    channel: String,
+    owner: PublicKey,
+    cause: Cause,
+    status: String,
+    current_step: i64,
+    trigger_context: Value,
+    trace: Value,
+}
+
+async fn load_run(tx: &mut Tx, community: &str, run_id: &str) -> Result<Option<RunRow>, StoreError> {
+    let row = tx
+        .one(
+            Q::new(
+                "SELECT workflow_id, definition_event_id, channel, owner, cause_type, cause_id, status, \
+                 current_step, trigger_context, trace FROM workflow_runs WHERE community_id = $1 AND id = $2",
+            )
+            .bind(community)
+            .bind(run_id),
+        )
+        .await?;
+    let Some(r) = row else { return Ok(None) };
+    let json =
+        |s: String| serde_json::from_str(&s).map_err(|e| StoreError::Corrupt(format!("run json: {e}")));
+    Ok(Some(RunRow {
+        workflow_id: r.text(0)?,
+        definition_event_id: r.id32(1)?,
+        channel: r.text(2)?,
+        owner: PublicKey::from_slice(&r.blob(3)?).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+        cause: Cause {
+            kind: r.text(4)?,
+            id: r.text(5)?,
+        },
+        status: r.text(6)?,
+        current_step: r.int(7)?,
+        trigger_context: json(r.text(8)?)?,
+        trace: json(r.text(9)?)?,
+    }))
+}
+
+async fn end_run(
+    tx: &mut Tx,
+    community: &str,
+    run_id: &str,
+    status: &str,
+    error: Option<&str>,
+) -> Result<(), StoreError> {
+    let now = tx.now().await?;
+    tx.exec(
+        Q::new("UPDATE workflow_runs SET status = $3, error = $4, updated_at = $5 WHERE community_id = $1 AND id = $2")
+            .bind(community)
+            .bind(run_id)
+            .bind(status)
+            .bind(error.map(str::to_string))
+            .bind(now),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Executes the current step of a run, if it is still running, inside `tx`.
+pub async fn execute_step(
+    tx: &mut Tx,
+    community: &str,
+    keys: &Keys,
+    run_id: &str,
+    cfg: &DeliveryConfig,
+) -> Result<StepOutcome, StoreError> {
+    let mut out = StepOutcome::default();
+    // Concurrent executions of one run (several processes) serialise here;
+    // the second sees the step already done.
+    tx.lock(&format!("{community}:run:{run_id}")).await?;
+    let Some(run) = load_run(tx, community, run_id).await? else {
+        return Ok(out);
+    };
+    if run.status != "running" {
+        return Ok(out);
+    }
+    let live = load_workflow(tx, community, &run.workflow_id)
+        .await?
+        .is_some_and(|w| w.enabled && !w.deleted);
+    if !live {
+        end_run(
+            tx,
+            community,
+            run_id,
+            "cancelled",
+            Some("workflow disabled or deleted"),
+        )
+        .await?;
+        return Ok(out);
+    }
+    let Some(def) = load_definition(tx, community, &run.definition_event_id).await? else {
+        end_run(
+            tx,
+            community,
+            run_id,
+            "failed",
+            Some("definition revision is no longer stored"),
+        )
+        .await?;
+        return Ok(out);
+    };
+    let step_index = usize::try_from(run.current_step).unwrap_or(usize::MAX);
+    let Some(step) = def.steps.get(step_index) else {
+        end_run(tx, community, run_id, "completed", None).await?;
+        return Ok(out);
+    };
+    let Step::SendMessage {
+        id: step_id,
+        text,
+        reply_in_thread,
+    } = step;
+    let Ok(template) = Template::parse(text) else {
+        end_run(
+            tx,
+            community,
+            run_id,
+            "failed",
+            Some("step template no longer parses"),
+        )
+        .await?;
+        return Ok(out);
+    };
+    let now = tx.now().await?;
+    let definition_hex = hex::encode(run.definition_event_id);
+
+    // The step's message: reuse on replay, else render, sign and store.
+    let existing = tx
+        .one(
+            Q::new(
+                "SELECT e.raw FROM workflow_step_messages m JOIN events e \
+                 ON e.community_id = m.community_id AND e.id = m.event_id \
+                 WHERE m.community_id = $1 AND m.run_id = $2 AND m.step_id = $3",
+            )
+            .bind(community)
+            .bind(run_id)
+            .bind(step_id.as_str()),
+        )
+        .await?;
+    let message: Event = match existing {
+        Some(row) => serde_json::from_str(&row.text(0)?).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+        None => {
+            let rendered = template.render(&template::context(&run.trigger_context, &run.trace));
+            let recipients = workflow::recipients(&run.owner, &template);
+            let reply_to = (*reply_in_thread && run.cause.kind == "event").then_some(run.cause.id.as_str());
+            let tags = workflow::message_tags(&MessageBinding {
+                channel: &run.channel,
+                definition_event_id: &definition_hex,
+                step_id,
+                run_id,
+                owner: &run.owner,
+                cause: &run.cause,
+                recipients: &recipients,
+                reply_to,
+            });
+            let ev = EventBuilder::new(Kind::from_u16(workflow::MESSAGE_KIND), rendered)
+                .tags(tags)
+                .custom_created_at(Timestamp::from_secs(u64::try_from(now).unwrap_or(0)))
+                .finalize(keys)
+                .map_err(|e| StoreError::Corrupt(format!("signing workflow message: {e}")))?;
+            let raw = serde_json::to_string(&ev).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            match insert_event_tx(tx, community, &ev, &raw, Some(&run.channel)).await? {
+                InsertOutcome::Stored | InsertOutcome::Duplicate => {}
+                InsertOutcome::Rejected(why) => {
+                    return Err(StoreError::Corrupt(format!("workflow message refused: {why}")))
+                }
+            }
+            tx.exec(
+                Q::new(
+                    "INSERT INTO workflow_step_messages (community_id, run_id, step_id, event_id, event_created_at) \
+                     VALUES ($1, $2, $3, $4, $5)",
+                )
+                .bind(community)
+                .bind(run_id)
+                .bind(step_id.as_str())
+                .bind(ev.id.to_bytes())
+                .bind(now),
+            )
+            .await?;
+            faults::check("step:after_event")?;
+            out.published.push((ev.clone(), raw));
+            ev
+        }
+    };
+
+    // One delivery row per recipient that is a managed agent and a member.
+    let message_id_hex = message.id.to_hex();
+    let message_created = i64::try_from(message.created_at.as_secs()).unwrap_or(i64::MAX);
+    for p in workflow::tag_values(&message, "p") {
+        let Ok(target) = PublicKey::from_hex(p) else {
+            continue;
+        };
+        let eligible = tx
+            .exists(
+                Q::new(
+                    "SELECT 1 FROM agents a JOIN channel_members m ON m.community_id = a.community_id \
+                     AND m.pubkey = a.pubkey WHERE a.community_id = $1 AND a.pubkey = $2 AND m.channel_id = $3",
+                )
+                .bind(community)
+                .bind(target.to_bytes())
+                .bind(run.channel.as_str()),
+            )
+            .await?;
+        if !eligible {
+            continue;
+        }
+        let id = new_id();
+        let made = tx
+            .one(
+                Q::new(
+                    "INSERT INTO workflow_agent_deliveries (community_id, id, workflow_id, run_id, step_id, \
+                     target_pubkey, channel, definition_event_id, message_event_id, message_created_at, status, \
+                     attempt, max_attempts, next_attempt_at, expires_at, trigger_context, execution_trace, \
+                     created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'pending', 0, $11, \
+                     $12, $13, $14, $15, $12, $12) \
+                     ON CONFLICT (community_id, run_id, step_id, target_pubkey) DO NOTHING RETURNING id",
+                )
+                .bind(community)
+                .bind(id.as_str())
+                .bind(run.workflow_id.as_str())
+                .bind(run_id)
+                .bind(step_id.as_str())
+                .bind(target.to_bytes())
+                .bind(run.channel.as_str())
+                .bind(run.definition_event_id)
+                .bind(message.id.to_bytes())
+                .bind(message_created)
+                .bind(i64::from(cfg.max_attempts))
+                .bind(now)
+                .bind(now.saturating_add(i64::try_from(cfg.lifetime_secs).unwrap_or(i64::MAX)))
+                .bind(run.trigger_context.to_string())
+                .bind(run.trace.to_string()),
+            )
+            .await?;
+        if made.is_some() {
+            out.new_deliveries.push(NewDelivery {
+                id,
+                target,
+                channel: run.channel.clone(),
+                definition_event_id: definition_hex.clone(),
+                run_id: run_id.to_string(),
+                step_id: step_id.clone(),
+                message_event_id: message_id_hex.clone(),
+            });
+        }
+    }
+    faults::check("step:after_rows")?;
+
+    let mut trace = run.trace.as_array().cloned().unwrap_or_default();
+    trace.push(json!({"step": step_id, "output": {"event_id": message_id_hex, "text": message.content}}));
+    let next = run.current_step + 1;
+    out.more = usize::try_from(next).is_ok_and(|n| n < def.steps.len());
+    tx.exec(
+        Q::new(
+            "UPDATE workflow_runs SET current_step = $3, trace = $4, status = $5, updated_at = $6 \
+             WHERE community_id = $1 AND id = $2",
+        )
+        .bind(community)
+        .bind(run_id)
+        .bind(next)
+        .bind(Value::Array(trace).to_string())
+        .bind(if out.more { "running" } else { "completed" })
+        .bind(now),
+    )
+    .await?;
+    faults::check("step:before_commit")?;
+    Ok(out)
+}
+
+/// Runs that are still running, oldest first.
+pub async fn running_runs(tx: &mut Tx, community: &str, limit: u32) -> Result<Vec<String>, StoreError> {
+    let rows = tx
+        .all(
+            Q::new(
+                "SELECT id FROM workflow_runs WHERE community_id = $1 AND status = 'running' \
+                 ORDER BY created_at, id LIMIT $2",
+            )
+            .bind(community)
+            .bind(i64::from(limit)),
+        )
+        .await?;
+    rows.iter().map(|r| r.text(0)).collect()
+}
+
+/// Fires the current slot of every live schedule of a community (each slot
+/// once, whatever the number of processes). Returns new run ids.
+pub async fn fire_schedules(tx: &mut Tx, community: &str) -> Result<Vec<String>, StoreError> {
+    let now = tx.now().await?;
+    let rows = tx
+        .all(
+            Q::new(
+                "SELECT id, interval_secs, enabled_at FROM workflows WHERE community_id = $1 \
+                 AND trigger = 'schedule' AND enabled AND NOT deleted",
+            )
+            .bind(community),
+        )
+        .await?;
+    let mut runs = Vec::new();
+    for r in rows {
+        let (id, interval, enabled_at) = (r.text(0)?, r.int(1)?, r.int(2)?);
+        if interval <= 0 {
+            continue;
+        }
+        let slot = now - now.rem_euclid(interval);
+        // A schedule fires from its first full slot after it was enabled.
+        if slot < enabled_at {
+            continue;
+        }
+        let cause = Cause {
+            kind: "schedule".into(),
+            id: slot.to_string(),
+        };
+        if let Ok((run, true)) = create_run(tx, community, &id, &cause, json!({"slot": slot})).await? {
+            runs.push(run);
+        }
+    }
+    Ok(runs)
+}
+
+/// Whether `caller` owns the workflow: `Ok(channel)` or the API refusal.
+pub async fn owned(
+    tx: &mut Tx,
+    community: &str,
+    workflow_id: &str,
+    caller: &PublicKey,
+) -> Result<Result<(), (u16, &'static str)>, StoreError> {
+    match load_workflow(tx, community, workflow_id).await? {
+        None => Ok(Err((404, "unknown_workflow"))),
+        Some(w) if w.owner != caller.to_bytes() => Ok(Err((403, "not_owner"))),
+        Some(_) => Ok(Ok(())),
+    }
+}
+
+/// Stores the hash of a new webhook secret (rotating any previous one).
+pub async fn set_webhook_secret(
+    tx: &mut Tx,
+    community: &str,
+    workflow_id: &str,
+    hash_hex: &str,
+) -> Result<(), StoreError> {
+    tx.exec(
+        Q::new("UPDATE workflows SET webhook_secret_hash = $3 WHERE community_id = $1 AND id = $2")
+            .bind(community)
+            .bind(workflow_id)
+            .bind(hash_hex),
+    )
+    .await?;
+    Ok(())
+}
+
+/// The webhook secret hash and trigger of a workflow.
+pub async fn webhook_target(
+    tx: &mut Tx,
+    community: &str,
+    workflow_id: &str,
+) -> Result<Option<(Option<String>, String, bool)>, StoreError> {
+    let row = tx
+        .one(
+            Q::new(
+                "SELECT webhook_secret_hash, trigger, enabled AND NOT deleted FROM workflows \
+                 WHERE community_id = $1 AND id = $2",
+            )
+            .bind(community)
+            .bind(workflow_id),
+        )
+        .await?;
+    row.map(|r| Ok((r.opt_text(0)?, r.text(1)?, r.bool(2)?)))
+        .transpose()
+}
+
+/// The trigger type of a workflow.
+pub async fn trigger_of(
+    tx: &mut Tx,
+    community: &str,
+    workflow_id: &str,
+) -> Result<Option<String>, StoreError> {
+    let row = tx
+        .one(
+            Q::new("SELECT trigger FROM workflows WHERE community_id = $1 AND id = $2")
+                .bind(community)
+                .bind(workflow_id),
+        )
+        .await?;
+    row.map(|r| r.text(0)).transpose()
+}
+
+/// A page of a workflow's runs, newest first.
+pub async fn list_runs(
+    tx: &mut Tx,
+    community: &str,
+    workflow_id: Option<&str>,
+    before: Option<i64>,
+    limit: u32,
+) -> Result<Vec<Value>, StoreError> {
+    let mut q = Q::new(
+        "SELECT id, workflow_id, status, current_step, cause_type, cause_id, error, created_at, updated_at, trace, \
+         definition_event_id FROM workflow_runs WHERE community_id = $1",
+    )
+    .bind(community);
+    if let Some(w) = workflow_id {
+        q.sql.push_str(" AND workflow_id = $2");
+        q = q.bind(w);
+    }
+    if let Some(b) = before {
+        q.sql
+            .push_str(&format!(" AND created_at < ${}", q.binds.len() + 1));
+        q = q.bind(b);
+    }
+    q.sql.push_str(&format!(
+        " ORDER BY created_at DESC, id DESC LIMIT ${}",
+        q.binds.len() + 1
+    ));
+    q = q.bind(i64::from(limit));
+    let rows = tx.all(q).await?;
+    rows.iter()
+        .map(|r| {
+            Ok(json!({
+                "id": r.text(0)?,
+                "workflow_id": r.text(1)?,
+                "status": r.text(2)?,
+                "current_step": r.int(3)?,
+                "cause": {"type": r.text(4)?, "id": r.text(5)?},
+                "error": r.opt_text(6)?,
+                "created_at": r.int(7)?,
+                "updated_at": r.int(8)?,
+                "trace": serde_json::from_str::<Value>(&r.text(9)?).unwrap_or(Value::Null),
+                "definition_event_id": hex::encode(r.blob(10)?),
+            }))
+        })
+        .collect()
+}
+
+/// One run by id.
+pub async fn show_run(tx: &mut Tx, community: &str, run_id: &str) -> Result<Option<Value>, StoreError> {
+    let row = tx
+        .one(
+            Q::new(
+                "SELECT id, workflow_id, status, current_step, cause_type, cause_id, error, created_at, updated_at, \
+                 trace, definition_event_id, trigger_context, channel FROM workflow_runs \
+                 WHERE community_id = $1 AND id = $2",
+            )
+            .bind(community)
+            .bind(run_id),
+        )
+        .await?;
+    row.map(|r| {
+        Ok(json!({
+            "id": r.text(0)?,
+            "workflow_id": r.text(1)?,
+            "status": r.text(2)?,
+            "current_step": r.int(3)?,
+            "cause": {"type": r.text(4)?, "id": r.text(5)?},
+            "error": r.opt_text(6)?,
+            "created_at": r.int(7)?,
+            "updated_at": r.int(8)?,
+            "trace": serde_json::from_str::<Value>(&r.text(9)?).unwrap_or(Value::Null),
+            "definition_event_id": hex::encode(r.blob(10)?),
+            "trigger_context": serde_json::from_str::<Value>(&r.text(11)?).unwrap_or(Value::Null),
+            "channel": r.text(12)?,
+        }))
+    })
+    .transpose()
+}
