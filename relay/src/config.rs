@@ -361,7 +361,7 @@ impl Config {
             fig = fig.merge(Toml::file_exact(path));
         }
         fig = fig
-            .merge(Env::prefixed("RELAY_").split("__").ignore(&["config"]))
+            .merge(Env::prefixed("RELAY_").split("__").ignore(&["config", "faults"]))
             .merge(Serialized::defaults(overrides));
         let cfg: Config = fig.extract().map_err(Box::new)?;
         cfg.validate().map_err(|m| Box::new(figment::Error::from(m)))?;

@@ -4,6 +4,7 @@
 pub mod client;
 pub mod pg;
 pub mod relay;
+pub mod workflow;
 
 pub use client::{event, event_at, Client, ReqResult};
 pub use relay::{Backend, Relay, RelayOptions};

@@ -1,0 +1,161 @@
+//! Fixtures for workflow and delivery tests: a channel with an owner and
+//! registered managed agents, definitions, and NIP-98 API calls.
+
+use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, Tag, ToBech32};
+use serde_json::{json, Value};
+
+use crate::{client::event, http_nip98, Client, Relay};
+
+/// An owner, a channel, and agents registered by the owner and added to it.
+pub struct Fixture {
+    pub owner: Keys,
+    pub agents: Vec<Keys>,
+    pub channel: String,
+    /// Connected and authenticated as the owner.
+    pub owner_client: Client,
+    /// The community's relay pubkey (NIP-11 `self`).
+    pub relay_pk: String,
+}
+
+/// The relay's `self` pubkey for `host`.
+pub async fn relay_pubkey(relay: &Relay, host: &str) -> String {
+    let resp = reqwest::Client::new()
+        .get(relay.http_url())
+        .header("Host", host)
+        .header("Accept", "application/nostr+json")
+        .send()
+        .await
+        .expect("nip11");
+    let doc: Value = resp.json().await.expect("nip11 json");
+    doc["self"].as_str().expect("self").to_string()
+}
+
+/// A kind 0 for `agent` attested by `owner`.
+pub fn agent_profile(agent: &Keys, owner: &Keys) -> Event {
+    let tag = protocol::nip_oa::sign(owner, &agent.public_key(), "").expect("attest");
+    EventBuilder::new(Kind::Metadata, "{\"name\":\"agent\"}")
+        .tags([tag])
+        .finalize(agent)
+        .expect("sign")
+}
+
+impl Fixture {
+    /// Sets up `channel` with `n_agents` agents on the relay's default community.
+    pub async fn new(relay: &Relay, channel: &str, n_agents: usize) -> Fixture {
+        let owner = Keys::generate();
+        let mut c = Client::connect(&relay.ws_url()).await;
+        c.auth(&owner).await;
+        c.publish_ok(&event(&owner, 9007, "", &[&["h", channel], &["name", channel]]))
+            .await;
+        let mut agents = Vec::new();
+        for _ in 0..n_agents {
+            let a = Keys::generate();
+            c.publish_ok(&agent_profile(&a, &owner)).await;
+            c.publish_ok(&event(
+                &owner,
+                9000,
+                "",
+                &[&["h", channel], &["p", &a.public_key().to_hex()]],
+            ))
+            .await;
+            agents.push(a);
+        }
+        let relay_pk = relay_pubkey(relay, &relay.addr.to_string()).await;
+        Fixture {
+            owner,
+            agents,
+            channel: channel.to_string(),
+            owner_client: c,
+            relay_pk,
+        }
+    }
+
+    /// Publishes a definition (kind 30620) by the owner; returns it.
+    pub async fn define(&mut self, id: &str, def: &Value) -> Event {
+        let ev = definition(&self.owner, id, &self.channel, def);
+        self.owner_client.publish_ok(&ev).await;
+        ev
+    }
+
+    /// `nostr:npub…` of agent `i`, to mention in a template.
+    pub fn mention(&self, i: usize) -> String {
+        format!("nostr:{}", self.agents[i].public_key().to_bech32().expect("npub"))
+    }
+
+    /// Posts a kind 9 in the channel as the owner.
+    pub async fn post(&mut self, text: &str) -> Event {
+        let ev = event(&self.owner, 9, text, &[&["h", &self.channel]]);
+        self.owner_client.publish_ok(&ev).await;
+        ev
+    }
+}
+
+/// A signed definition event.
+pub fn definition(owner: &Keys, id: &str, channel: &str, def: &Value) -> Event {
+    EventBuilder::new(Kind::from_u16(30620), def.to_string())
+        .tags([Tag::identifier(id), Tag::custom("h", [channel])])
+        .finalize(owner)
+        .expect("sign")
+}
+
+/// A one-step `message_posted` definition.
+pub fn on_message(text: &str) -> Value {
+    json!({"name": "test", "trigger": {"on": "message_posted"},
+           "steps": [{"id": "notify", "action": "send_message", "text": text}]})
+}
+
+/// Calls the HTTP API as `keys` with a JSON body.
+pub async fn api(relay: &Relay, keys: &Keys, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+    let bytes = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
+    http_nip98(
+        &relay.http_url(),
+        &relay.addr.to_string(),
+        keys,
+        method,
+        path,
+        &bytes,
+    )
+    .await
+}
+
+/// Claims the oldest due delivery of `agent`.
+pub async fn claim(relay: &Relay, agent: &Keys, body: Value) -> (u16, Value) {
+    api(relay, agent, "POST", "/deliveries/claim", Some(&body)).await
+}
+
+/// Waits (up to 10 s) until `agent` has a delivery it can claim, and claims it.
+pub async fn claim_when_due(relay: &Relay, agent: &Keys, body: Value) -> Value {
+    for _ in 0..100 {
+        let (status, v) = claim(relay, agent, body.clone()).await;
+        assert_eq!(status, 200, "{v}");
+        if !v["delivery"].is_null() {
+            return v["delivery"].clone();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("no delivery became claimable");
+}
+
+/// The `relay deliveries list` lines for a community, parsed.
+pub fn deliveries(relay: &Relay) -> Vec<Value> {
+    relay
+        .cli(&["deliveries", "list", "--limit", "1000"])
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect()
+}
+
+/// Polls `f` until it returns `Some` (10 s).
+pub async fn eventually<T, F, Fut>(mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    for _ in 0..100 {
+        if let Some(v) = f().await {
+            return v;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("condition not reached within 10 s");
+}
