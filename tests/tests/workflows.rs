@@ -457,12 +457,10 @@ async fn wake_only_for_new_rows_and_only_to_the_target(backend: Backend) {
     assert_eq!(wake.tags.len(), 7);
     // Nobody else got a wake.
     a1.expect_silence(Duration::from_millis(500)).await;
-    loop {
-        match anon.try_recv(Duration::from_millis(300)).await {
-            Some(v) => assert_ne!(v[2]["kind"], 24620, "a wake leaked: {v}"),
-            None => break,
-        }
+    while let Some(v) = anon.try_recv(Duration::from_millis(300)).await {
+        assert_ne!(v[2]["kind"], 24620, "a wake leaked: {v}");
     }
+
     // No new row, no new wake: a duplicate trigger event starts nothing.
     fx.owner_client.publish(&trigger).await;
     a0.expect_silence(Duration::from_millis(800)).await;
