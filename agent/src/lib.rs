@@ -1,0 +1,10 @@
+//! The managed-agent runtime: claims workflow deliveries from the relay,
+//! verifies each one completely (PROTOCOL.md section 9), runs a handler, and
+//! finishes with its reply. See `docs/agent.md`.
+
+pub mod api;
+pub mod config;
+pub mod handler;
+pub mod relay;
+pub mod runtime;
+pub mod verify;

@@ -1,0 +1,436 @@
+//! Everything the agent checks before it dispatches a delivery
+//! (PROTOCOL.md section 9). Pure: the events are fetched by the caller.
+//! Any failure has a stable code and the delivery is finished `failed`
+//! with it; nothing is dispatched.
+
+use nostr::prelude::{Event, PublicKey};
+use protocol::template::{self, Template};
+use protocol::workflow::{self, Step};
+use serde_json::Value;
+
+use crate::api::Delivery;
+
+/// A verification failure: code and explanation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub code: &'static str,
+    pub message: String,
+}
+
+fn fail<T>(code: &'static str, message: impl Into<String>) -> Result<T, Failure> {
+    Err(Failure {
+        code,
+        message: message.into(),
+    })
+}
+
+/// Who the agent trusts.
+#[derive(Debug, Clone)]
+pub struct Trust {
+    /// The agent itself.
+    pub me: PublicKey,
+    /// The community's relay key (NIP-11 `self`).
+    pub relay: PublicKey,
+    /// The agent's NIP-OA owner.
+    pub owner: PublicKey,
+    /// Other pubkeys whose definitions are accepted.
+    pub allowed: Vec<PublicKey>,
+}
+
+/// The bindings a wake hint names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wake {
+    pub delivery_id: String,
+    pub channel: String,
+    pub definition_event_id: String,
+    pub run_id: String,
+    pub step_id: String,
+    pub message_event_id: String,
+}
+
+impl Wake {
+    /// The `expected` bindings of a claim by id.
+    pub fn expected(&self) -> Value {
+        serde_json::json!({
+            "run_id": self.run_id,
+            "step_id": self.step_id,
+            "definition_event_id": self.definition_event_id,
+            "message_event_id": self.message_event_id,
+            "channel": self.channel,
+        })
+    }
+}
+
+fn single<'e>(e: &'e Event, name: &str) -> Option<&'e str> {
+    let values = workflow::tag_values(e, name);
+    (values.len() == 1).then(|| values[0])
+}
+
+/// Checks a wake hint: a valid event signed by the relay, kind 24620, exactly
+/// one `p` (this agent) and one `h`, and every binding tag present.
+pub fn check_wake(ev: &Event, trust: &Trust) -> Result<Wake, Failure> {
+    if ev.kind.as_u16() != protocol::kinds::WAKE_HINT || ev.pubkey != trust.relay || ev.verify().is_err() {
+        return fail(
+            "wake_invalid",
+            "wake is not a kind 24620 validly signed by the relay",
+        );
+    }
+    let me = trust.me.to_hex();
+    if single(ev, "p") != Some(me.as_str()) {
+        return fail("wake_invalid", "wake must name exactly one p: this agent");
+    }
+    let (Some(channel), Some(delivery), Some(def), Some(run), Some(step), Some(msg)) = (
+        single(ev, "h"),
+        single(ev, "delivery"),
+        single(ev, "workflow-definition"),
+        single(ev, "workflow-run"),
+        single(ev, "workflow-step"),
+        single(ev, "e"),
+    ) else {
+        return fail("wake_invalid", "wake lacks a binding tag or repeats one");
+    };
+    Ok(Wake {
+        delivery_id: delivery.into(),
+        channel: channel.into(),
+        definition_event_id: def.into(),
+        run_id: run.into(),
+        step_id: step.into(),
+        message_event_id: msg.into(),
+    })
+}
+
+/// A delivery that passed every check.
+#[derive(Debug, Clone)]
+pub struct Verified {
+    pub definition: Event,
+    pub message: Event,
+    /// The rendered text (equal to the message content).
+    pub text: String,
+}
+
+/// Verifies a claimed delivery against its wake (if any), the definition and
+/// the message fetched by id.
+pub fn verify(
+    d: &Delivery,
+    wake: Option<&Wake>,
+    definition: Option<&Event>,
+    message: Option<&Event>,
+    trust: &Trust,
+) -> Result<Verified, Failure> {
+    if let Some(w) = wake {
+        let same = w.delivery_id == d.id
+            && w.channel == d.channel
+            && w.run_id == d.run_id
+            && w.step_id == d.step_id
+            && w.definition_event_id.eq_ignore_ascii_case(&d.definition_event_id)
+            && w.message_event_id.eq_ignore_ascii_case(&d.message_event_id);
+        if !same {
+            return fail(
+                "wake_binding_mismatch",
+                "the claimed delivery does not match its wake hint",
+            );
+        }
+    }
+    if !d.target_pubkey.eq_ignore_ascii_case(&trust.me.to_hex()) {
+        return fail("target_mismatch", "the delivery is not addressed to this agent");
+    }
+
+    // The exact definition revision.
+    let Some(def) = definition else {
+        return fail(
+            "definition_unverifiable",
+            "the definition revision could not be fetched",
+        );
+    };
+    if def.id.to_hex() != d.definition_event_id.to_ascii_lowercase() || def.verify().is_err() {
+        return fail(
+            "definition_unverifiable",
+            "the definition's id or signature is not valid",
+        );
+    }
+    if def.kind.as_u16() != workflow::DEFINITION_KIND {
+        return fail("definition_unverifiable", "the definition is not a kind 30620");
+    }
+    if single(def, "d") != Some(d.workflow_id.as_str()) || single(def, "h") != Some(d.channel.as_str()) {
+        return fail(
+            "definition_unverifiable",
+            "the definition's d/h tags do not match the delivery",
+        );
+    }
+    if def.pubkey != trust.owner && !trust.allowed.contains(&def.pubkey) {
+        return fail(
+            "owner_not_allowed",
+            format!(
+                "definition signed by {}, not this agent's owner",
+                def.pubkey.to_hex()
+            ),
+        );
+    }
+    let parsed = match workflow::parse(&def.content) {
+        Ok(p) => p,
+        Err(e) => return fail("definition_unverifiable", e.to_string()),
+    };
+
+    // The exact message.
+    let Some(msg) = message else {
+        return fail(
+            "message_unverifiable",
+            "the workflow message could not be fetched",
+        );
+    };
+    if msg.id.to_hex() != d.message_event_id.to_ascii_lowercase() || msg.verify().is_err() {
+        return fail(
+            "message_unverifiable",
+            "the message's id or signature is not valid",
+        );
+    }
+    if msg.kind.as_u16() != workflow::MESSAGE_KIND || msg.pubkey != trust.relay {
+        return fail(
+            "message_unverifiable",
+            "the message is not a kind 9 signed by the relay",
+        );
+    }
+    if single(msg, "h") != Some(d.channel.as_str()) {
+        return fail("message_binding_mismatch", "the message is in another channel");
+    }
+    let me = trust.me.to_hex();
+    if !workflow::tag_values(msg, "p").contains(&me.as_str()) {
+        return fail("message_binding_mismatch", "the message does not name this agent");
+    }
+    let def_tag = workflow::tag_slice(msg, "workflow-definition");
+    let def_ok = def_tag.is_some_and(|t| {
+        t.len() >= 3 && t[1].eq_ignore_ascii_case(&d.definition_event_id) && t[2] == d.step_id
+    });
+    if !def_ok
+        || single(msg, "workflow-run") != Some(d.run_id.as_str())
+        || single(msg, "workflow-step") != Some(d.step_id.as_str())
+        || single(msg, "workflow-owner") != Some(def.pubkey.to_hex().as_str())
+    {
+        return fail(
+            "message_binding_mismatch",
+            "the message's workflow tags do not match the delivery",
+        );
+    }
+    // The cause, explicitly: the message's cause tag must be the snapshot's.
+    let cause = &d.trigger_context["cause"];
+    let cause_tag = workflow::tag_slice(msg, "workflow-cause");
+    let cause_ok = cause_tag.is_some_and(|t| {
+        t.len() >= 3
+            && Some(t[1].as_str()) == cause["type"].as_str()
+            && Some(t[2].as_str()) == cause["id"].as_str()
+    });
+    if !cause_ok {
+        return fail(
+            "cause_mismatch",
+            "the message's cause is not the delivery's trigger",
+        );
+    }
+
+    // The step, and the text rendered again from the snapshot.
+    let Some(step) = parsed.steps.iter().find(|s| s.id() == d.step_id) else {
+        return fail(
+            "step_not_found",
+            format!("step {} is not in the definition", d.step_id),
+        );
+    };
+    let Step::SendMessage { text, .. } = step;
+    let Ok(tpl) = Template::parse(text) else {
+        return fail("definition_unverifiable", "the step's template does not parse");
+    };
+    let rendered = tpl.render(&template::context(&d.trigger_context, &d.execution_trace));
+    if rendered != msg.content {
+        return fail(
+            "render_mismatch",
+            "rendering the template from the snapshot does not give the message",
+        );
+    }
+    Ok(Verified {
+        definition: def.clone(),
+        message: msg.clone(),
+        text: rendered,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nostr::prelude::{EventBuilder, FinalizeEvent, Keys, Kind, Tag};
+    use protocol::workflow::{Cause, MessageBinding};
+    use serde_json::json;
+
+    struct World {
+        relay: Keys,
+        owner: Keys,
+        agent: Keys,
+        def: Event,
+        msg: Event,
+        d: Delivery,
+    }
+
+    fn world() -> World {
+        let relay = Keys::generate();
+        let owner = Keys::generate();
+        let agent = Keys::generate();
+        let content = json!({"name": "w", "trigger": {"on": "message_posted"},
+            "steps": [{"id": "s", "action": "send_message", "text": "hi {{trigger.text}}"}]});
+        let def = EventBuilder::new(Kind::from_u16(30620), content.to_string())
+            .tags([Tag::identifier("w"), Tag::custom("h", ["ops"])])
+            .finalize(&owner)
+            .unwrap();
+        let cause = Cause {
+            kind: "event".into(),
+            id: "ab".repeat(32),
+        };
+        let tags = workflow::message_tags(&MessageBinding {
+            channel: "ops",
+            definition_event_id: &def.id.to_hex(),
+            step_id: "s",
+            run_id: "r1",
+            owner: &owner.public_key(),
+            cause: &cause,
+            recipients: &[owner.public_key(), agent.public_key()],
+            reply_to: None,
+        });
+        let msg = EventBuilder::new(Kind::from_u16(9), "hi there")
+            .tags(tags)
+            .finalize(&relay)
+            .unwrap();
+        let d = Delivery {
+            id: "d1".into(),
+            workflow_id: "w".into(),
+            run_id: "r1".into(),
+            step_id: "s".into(),
+            definition_event_id: def.id.to_hex(),
+            message_event_id: msg.id.to_hex(),
+            channel: "ops".into(),
+            target_pubkey: agent.public_key().to_hex(),
+            attempt: 1,
+            claim_token: "t".into(),
+            claim_expires_at: 0,
+            expires_at: 0,
+            trigger_context: json!({"text": "there", "cause": {"type": "event", "id": "ab".repeat(32)}}),
+            execution_trace: json!([]),
+        };
+        World {
+            relay,
+            owner,
+            agent,
+            def,
+            msg,
+            d,
+        }
+    }
+
+    fn trust(w: &World) -> Trust {
+        Trust {
+            me: w.agent.public_key(),
+            relay: w.relay.public_key(),
+            owner: w.owner.public_key(),
+            allowed: vec![],
+        }
+    }
+
+    fn code(r: Result<Verified, Failure>) -> &'static str {
+        r.map(|_| "ok").unwrap_or_else(|f| f.code)
+    }
+
+    #[test]
+    fn a_good_delivery_verifies() {
+        let w = world();
+        let v = verify(&w.d, None, Some(&w.def), Some(&w.msg), &trust(&w)).unwrap();
+        assert_eq!(v.text, "hi there");
+    }
+
+    #[test]
+    fn every_failure_has_its_code() {
+        let w = world();
+        let t = trust(&w);
+        let v = |d: &Delivery, def: Option<&Event>, msg: Option<&Event>| code(verify(d, None, def, msg, &t));
+        assert_eq!(v(&w.d, None, Some(&w.msg)), "definition_unverifiable");
+        assert_eq!(v(&w.d, Some(&w.msg), Some(&w.msg)), "definition_unverifiable");
+        assert_eq!(v(&w.d, Some(&w.def), None), "message_unverifiable");
+        let mut d = w.d.clone();
+        d.trigger_context["text"] = json!("edited");
+        assert_eq!(v(&d, Some(&w.def), Some(&w.msg)), "render_mismatch");
+        let mut d = w.d.clone();
+        d.trigger_context["cause"]["id"] = json!("cd".repeat(32));
+        assert_eq!(v(&d, Some(&w.def), Some(&w.msg)), "cause_mismatch");
+        let mut d = w.d.clone();
+        d.run_id = "r2".into();
+        assert_eq!(v(&d, Some(&w.def), Some(&w.msg)), "message_binding_mismatch");
+        let mut d = w.d.clone();
+        d.workflow_id = "other".into();
+        assert_eq!(v(&d, Some(&w.def), Some(&w.msg)), "definition_unverifiable");
+        let mut d = w.d.clone();
+        d.target_pubkey = Keys::generate().public_key().to_hex();
+        assert_eq!(v(&d, Some(&w.def), Some(&w.msg)), "target_mismatch");
+        // A definition signed by someone else.
+        let stranger = Keys::generate();
+        let def2 = EventBuilder::new(Kind::from_u16(30620), w.def.content.clone())
+            .tags([Tag::identifier("w"), Tag::custom("h", ["ops"])])
+            .finalize(&stranger)
+            .unwrap();
+        let mut d = w.d.clone();
+        d.definition_event_id = def2.id.to_hex();
+        assert_eq!(v(&d, Some(&def2), Some(&w.msg)), "owner_not_allowed");
+        // A message not signed by the relay.
+        let forged = EventBuilder::new(Kind::from_u16(9), "hi there")
+            .tags(w.msg.tags.clone())
+            .finalize(&stranger)
+            .unwrap();
+        let mut d = w.d.clone();
+        d.message_event_id = forged.id.to_hex();
+        assert_eq!(v(&d, Some(&w.def), Some(&forged)), "message_unverifiable");
+        // A wake that names other bindings.
+        let wake = Wake {
+            delivery_id: "d1".into(),
+            channel: "ops".into(),
+            definition_event_id: w.d.definition_event_id.clone(),
+            run_id: "r9".into(),
+            step_id: "s".into(),
+            message_event_id: w.d.message_event_id.clone(),
+        };
+        assert_eq!(
+            code(verify(&w.d, Some(&wake), Some(&w.def), Some(&w.msg), &t)),
+            "wake_binding_mismatch"
+        );
+    }
+
+    #[test]
+    fn wakes_are_checked() {
+        let w = world();
+        let t = trust(&w);
+        let tags = workflow::wake_tags(
+            &w.agent.public_key(),
+            "ops",
+            "d1",
+            &w.d.definition_event_id,
+            "r1",
+            "s",
+            &w.d.message_event_id,
+        );
+        let good = EventBuilder::new(Kind::from_u16(24620), "")
+            .tags(tags.clone())
+            .finalize(&w.relay)
+            .unwrap();
+        assert_eq!(check_wake(&good, &t).unwrap().delivery_id, "d1");
+        let forged = EventBuilder::new(Kind::from_u16(24620), "")
+            .tags(tags.clone())
+            .finalize(&w.owner)
+            .unwrap();
+        assert_eq!(check_wake(&forged, &t).unwrap_err().code, "wake_invalid");
+        let mut two_p = tags.clone();
+        two_p.push(Tag::custom("p", [w.owner.public_key().to_hex()]));
+        let ev = EventBuilder::new(Kind::from_u16(24620), "")
+            .tags(two_p)
+            .finalize(&w.relay)
+            .unwrap();
+        assert_eq!(check_wake(&ev, &t).unwrap_err().code, "wake_invalid");
+        let no_h: Vec<Tag> = tags.into_iter().filter(|t| t.kind() != "h").collect();
+        let ev = EventBuilder::new(Kind::from_u16(24620), "")
+            .tags(no_h)
+            .finalize(&w.relay)
+            .unwrap();
+        assert_eq!(check_wake(&ev, &t).unwrap_err().code, "wake_invalid");
+    }
+}
