@@ -1,6 +1,7 @@
 //! Test harness: starts real relay processes and talks to them over real
 //! sockets. Every integration test in `tests/tests/` is built on this.
 
+pub mod agent;
 pub mod client;
 pub mod pg;
 pub mod relay;
@@ -20,15 +21,22 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     let built = BUILT.get_or_init(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut cmd = Command::new(cargo);
+        // The relay with its test-only fault hook, the agent, and the
+        // tests' own helper binaries (the small ACP agent).
         cmd.args([
             "build",
             "--quiet",
             "--bins",
             "-p",
             "relay",
+            "-p",
+            "agent",
+            "-p",
+            "tests",
             "--features",
             "relay/faults",
         ]);
+
         if profile_dir().ends_with("release") {
             cmd.arg("--release");
         }

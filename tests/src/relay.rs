@@ -244,3 +244,38 @@ impl Drop for Relay {
         }
     }
 }
+
+impl Store {
+    /// Runs SQL against the store's database (tests craft rows with it):
+    /// `sqlite3` semantics through Python's sqlite3 module, psql for PostgreSQL.
+    pub fn sql(&self, sql: &str) -> String {
+        match &self.backend {
+            Backend::Sqlite => {
+                let path = self.database_url.trim_start_matches("sqlite://");
+                let script = "import sqlite3,sys\nc=sqlite3.connect(sys.argv[1])\nr=c.execute(sys.argv[2]).fetchall()\nc.commit()\nprint('\\n'.join('|'.join(str(x) for x in row) for row in r))";
+                let out = Command::new("python3")
+                    .args(["-c", script, path, sql])
+                    .output()
+                    .expect("python3");
+                assert!(
+                    out.status.success(),
+                    "sql failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                String::from_utf8_lossy(&out.stdout).trim().to_string()
+            }
+            Backend::Postgres(server) => {
+                let db = self.database_url.rsplit('/').next().expect("db name");
+                server.psql(db, sql).unwrap_or_else(|e| panic!("sql failed: {e}"))
+            }
+        }
+    }
+
+    /// A literal for 32 bytes given in hex, in this backend's SQL.
+    pub fn blob(&self, hex: &str) -> String {
+        match &self.backend {
+            Backend::Sqlite => format!("X'{hex}'"),
+            Backend::Postgres(_) => format!("'\\x{hex}'::bytea"),
+        }
+    }
+}

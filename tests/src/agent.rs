@@ -1,0 +1,145 @@
+//! Starting real `agent` processes for end-to-end tests.
+
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use nostr::prelude::Keys;
+
+use crate::{workspace_bin, Relay};
+
+/// A running agent process.
+pub struct AgentProc {
+    child: Option<Child>,
+    log_path: PathBuf,
+    config_path: PathBuf,
+}
+
+impl AgentProc {
+    /// Starts `agent run` for `keys` (owned by `owner`) against `relay`, with
+    /// `handler` (a TOML `[handler]` table body) and extra top-level TOML.
+    pub fn start(relay: &Relay, keys: &Keys, owner: &Keys, handler: &str, extra: &str) -> AgentProc {
+        let dir = relay.store.dir.path();
+        let tag = &keys.public_key().to_hex()[..12];
+        let key_path = dir.join(format!("agent-{tag}.key"));
+        if !key_path.exists() {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&key_path)
+                .expect("key file");
+            std::io::Write::write_all(&mut f, keys.secret_key().to_secret_hex().as_bytes())
+                .expect("write key");
+        }
+        let config_path = dir.join(format!("agent-{tag}.toml"));
+        let mut config = format!(
+            "relay_url = \"{}\"\nkey_file = \"{}\"\nowner = \"{}\"\n{extra}\n",
+            relay.ws_url(),
+            key_path.display(),
+            owner.public_key().to_hex()
+        );
+        // Test defaults, unless `extra` sets them.
+        for (key, value) in [
+            ("poll_interval_secs", "1"),
+            ("lease_secs", "15"),
+            ("debounce_ms", "100"),
+        ] {
+            if !extra.lines().any(|l| l.trim_start().starts_with(key)) {
+                config.push_str(&format!("{key} = {value}\n"));
+            }
+        }
+        config.push_str(&format!("[handler]\n{handler}\n"));
+
+        std::fs::write(&config_path, config).expect("agent config");
+        Self::spawn(&config_path, dir)
+    }
+
+    fn spawn(config_path: &Path, dir: &Path) -> AgentProc {
+        let n = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let log_path = dir.join(format!("agent-{n}.log"));
+        let log = std::fs::File::create(&log_path).expect("agent log");
+        let mut child = Command::new(workspace_bin("agent"))
+            .args(["run", "--config"])
+            .arg(config_path)
+            .env("AGENT_LOG", "info,agent=debug")
+            .env_remove("AGENT_SECRET_KEY")
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("spawn agent");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(line)) = lines.next() {
+                let _ = tx.send(line);
+            }
+            for _ in lines {}
+        });
+        if rx.recv_timeout(Duration::from_secs(30)).is_err() {
+            let _ = child.kill();
+            panic!("agent did not start; log:\n{}", read(&log_path));
+        }
+        AgentProc {
+            child: Some(child),
+            log_path,
+            config_path: config_path.to_path_buf(),
+        }
+    }
+
+    /// Waits until the agent has subscribed to its wakes (10 s).
+    pub async fn wait_subscribed(&self) {
+        for _ in 0..100 {
+            if self.log().contains("subscribed to wake hints") {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("agent never subscribed; log:\n{}", self.log());
+    }
+
+    pub fn log(&self) -> String {
+        read(&self.log_path)
+    }
+
+    /// SIGKILL.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the same agent again (after `kill`).
+    pub fn restart(&mut self) {
+        self.kill();
+        let dir = self.config_path.parent().expect("dir").to_path_buf();
+        let again = Self::spawn(&self.config_path, &dir);
+        let mut again = std::mem::ManuallyDrop::new(again);
+        self.child = again.child.take();
+        self.log_path = std::mem::take(&mut again.log_path);
+    }
+}
+
+fn read(path: &Path) -> String {
+    let mut s = String::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        let _ = f.read_to_string(&mut s);
+    }
+    s
+}
+
+impl Drop for AgentProc {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!("--- agent log ({}) ---\n{}", self.log_path.display(), self.log());
+        }
+    }
+}
