@@ -56,6 +56,35 @@ enum Command {
         #[arg(long)]
         relay: String,
     },
+    /// Sign and publish one event (authenticating with NIP-42 first): a small
+    /// client for setting things up (channels, members, workflows, messages).
+    Event {
+        /// Secret key file of the author (or NOSTR_SECRET_KEY).
+        #[arg(long)]
+        key_file: Option<PathBuf>,
+        #[arg(long)]
+        relay: String,
+        #[arg(long)]
+        kind: u16,
+        /// A tag as comma-separated values, e.g. `h,ops` or `p,<hex>` (repeatable).
+        #[arg(long = "tag")]
+        tags: Vec<String>,
+        #[arg(long, default_value = "")]
+        content: String,
+        /// Read the content from a file instead (e.g. a workflow definition).
+        #[arg(long)]
+        content_file: Option<PathBuf>,
+    },
+    /// Print stored events matching a filter (JSON lines), authenticated as the key's owner.
+    Req {
+        #[arg(long)]
+        key_file: Option<PathBuf>,
+        #[arg(long)]
+        relay: String,
+        /// A NIP-01 filter as JSON.
+        #[arg(long)]
+        filter: String,
+    },
     /// Run the agent service.
     Run {
         /// TOML configuration (see docs/agent.md); AGENT_* variables override it.
@@ -73,6 +102,101 @@ fn read_key(file: Option<&PathBuf>, env: &str) -> anyhow::Result<Keys> {
         }
     };
     Ok(Keys::parse(text.trim())?)
+}
+
+type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Connects and authenticates (NIP-42) as `keys`.
+async fn connect_authed(url: &str, keys: &Keys) -> anyhow::Result<Ws> {
+    let (mut ws, _) = tokio_tungstenite::connect_async(url)
+        .await
+        .context("connecting to the relay")?;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut auth_id = None;
+    loop {
+        let msg = tokio::time::timeout_at(deadline, ws.next())
+            .await
+            .context("no answer from the relay")?;
+        let Some(Ok(Message::Text(t))) = msg else {
+            bail!("connection closed during authentication")
+        };
+        let v: Value = serde_json::from_str(t.as_str())?;
+        match v[0].as_str() {
+            Some("AUTH") => {
+                let ev = EventBuilder::new(Kind::Authentication, "")
+                    .tags([
+                        Tag::custom("relay", [url]),
+                        Tag::custom("challenge", [v[1].as_str().unwrap_or_default()]),
+                    ])
+                    .finalize(keys)?;
+                auth_id = Some(ev.id.to_hex());
+                ws.send(Message::Text(json!(["AUTH", ev]).to_string().into()))
+                    .await?;
+            }
+            Some("OK") if auth_id.as_deref() == v[1].as_str() => {
+                if v[2] != true {
+                    bail!("authentication refused: {}", v[3]);
+                }
+                return Ok(ws);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Authenticates, sends the messages `fill` adds, and waits for the OK of `id`.
+async fn session(
+    url: &str,
+    keys: &Keys,
+    fill: impl FnOnce(&mut Vec<Value>),
+    id: &str,
+) -> anyhow::Result<(bool, String)> {
+    let mut ws = connect_authed(url, keys).await?;
+    let mut out = Vec::new();
+    fill(&mut out);
+    for m in out {
+        ws.send(Message::Text(m.to_string().into())).await?;
+    }
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let msg = tokio::time::timeout_at(deadline, ws.next())
+            .await
+            .context("no answer from the relay")?;
+        let Some(Ok(Message::Text(t))) = msg else {
+            bail!("connection closed before the answer")
+        };
+        let v: Value = serde_json::from_str(t.as_str())?;
+        if v[0] == "OK" && v[1] == id {
+            let _ = ws.close(None).await;
+            return Ok((v[2] == true, v[3].as_str().unwrap_or_default().to_string()));
+        }
+    }
+}
+
+/// Authenticates and collects stored events for one filter.
+async fn query(url: &str, keys: &Keys, filter: Value) -> anyhow::Result<Vec<Value>> {
+    let mut ws = connect_authed(url, keys).await?;
+    ws.send(Message::Text(json!(["REQ", "q", filter]).to_string().into()))
+        .await?;
+    let mut events = Vec::new();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let msg = tokio::time::timeout_at(deadline, ws.next())
+            .await
+            .context("no answer from the relay")?;
+        let Some(Ok(Message::Text(t))) = msg else {
+            bail!("connection closed before EOSE")
+        };
+        let v: Value = serde_json::from_str(t.as_str())?;
+        match v[0].as_str() {
+            Some("EVENT") => events.push(v[2].clone()),
+            Some("EOSE") => break,
+            Some("CLOSED") => bail!("refused: {}", v[2]),
+            _ => {}
+        }
+    }
+    let _ = ws.close(None).await;
+    Ok(events)
 }
 
 /// Publishes one event and returns the relay's OK.
@@ -124,8 +248,57 @@ fn main() -> anyhow::Result<()> {
                     .with_context(|| format!("creating {} (it must not exist)", out.display()))?;
                 writeln!(f, "{}", keys.secret_key().to_secret_hex())?;
                 println!("{}", keys.public_key().to_hex());
+                println!("{}", nostr::prelude::ToBech32::to_bech32(&keys.public_key())?);
                 Ok(())
             }
+            Command::Event {
+                key_file,
+                relay,
+                kind,
+                tags,
+                content,
+                content_file,
+            } => {
+                let keys = read_key(key_file.as_ref(), "NOSTR_SECRET_KEY")?;
+                let content = match content_file {
+                    Some(p) => {
+                        std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?
+                    }
+                    None => content,
+                };
+                let tags = tags
+                    .iter()
+                    .map(|t| Tag::parse(t.split(',').map(str::to_string).collect::<Vec<_>>()))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let ev = EventBuilder::new(Kind::from_u16(kind), content)
+                    .tags(tags)
+                    .finalize(&keys)?;
+                let (ok, msg) = session(
+                    &relay,
+                    &keys,
+                    |ws_events| ws_events.push(json!(["EVENT", ev])),
+                    &ev.id.to_hex(),
+                )
+                .await?;
+                if !ok {
+                    bail!("refused: {msg}");
+                }
+                println!("{}", ev.id.to_hex());
+                Ok(())
+            }
+            Command::Req {
+                key_file,
+                relay,
+                filter,
+            } => {
+                let keys = read_key(key_file.as_ref(), "NOSTR_SECRET_KEY")?;
+                let filter: Value = serde_json::from_str(&filter).context("filter must be JSON")?;
+                for ev in query(&relay, &keys, filter).await? {
+                    println!("{ev}");
+                }
+                Ok(())
+            }
+
             Command::Attest {
                 owner_key_file,
                 agent,

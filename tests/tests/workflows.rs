@@ -30,7 +30,7 @@ backend_tests!(
 );
 
 const FAST: &str = "[deliveries]\nretry_base_secs = 1\nretry_cap_secs = 2\nlifetime_secs = 60\n\
-default_lease_secs = 2\nmax_lease_secs = 30\nsweep_interval_ms = 200\n\
+default_lease_secs = 5\nmax_lease_secs = 30\nsweep_interval_ms = 200\n\
 [workflows]\nrun_poll_interval_ms = 200\nschedule_poll_interval_ms = 200\n";
 
 fn start(backend: &Backend) -> Relay {
@@ -775,40 +775,30 @@ async fn lapsed_leases_terminal_or_read_only_redelivery(backend: Backend) {
     .await;
     fx.post("go").await;
     // 0: records operations, only reads -> redelivered. 1: records a write -> failed.
-    // 2: does not record operations -> failed.
-    let d0 = claim_when_due(
-        &relay,
-        &fx.agents[0],
-        json!({"lease_seconds": 1, "records_operations": true}),
-    )
-    .await;
-    let d1 = claim_when_due(
-        &relay,
-        &fx.agents[1],
-        json!({"lease_seconds": 1, "records_operations": true}),
-    )
-    .await;
-    let d2 = claim_when_due(&relay, &fx.agents[2], json!({"lease_seconds": 1})).await;
+    // 2: does not record operations -> failed. Each operation right after its claim.
     let op =
         |d: &Value, effect: &str| json!({"claim_token": d["claim_token"], "name": "tool", "effect": effect});
-    let (s, _) = api(
-        &relay,
-        &fx.agents[0],
-        "POST",
-        &format!("/deliveries/{}/operations", d0["id"].as_str().unwrap()),
-        Some(&op(&d0, "read")),
-    )
-    .await;
-    assert_eq!(s, 200);
-    let (s, v) = api(
-        &relay,
-        &fx.agents[1],
-        "POST",
-        &format!("/deliveries/{}/operations", d1["id"].as_str().unwrap()),
-        Some(&op(&d1, "write")),
-    )
-    .await;
-    assert_eq!((s, v["recorded"].as_bool()), (200, Some(true)));
+    let claim_with_op = |i: usize, records: bool, effect: Option<&'static str>| {
+        let relay = &relay;
+        let agent = fx.agents[i].clone();
+        async move {
+            let d = claim_when_due(
+                relay,
+                &agent,
+                json!({"lease_seconds": 3, "records_operations": records}),
+            )
+            .await;
+            if let Some(effect) = effect {
+                let path = format!("/deliveries/{}/operations", d["id"].as_str().unwrap());
+                let (s, v) = api(relay, &agent, "POST", &path, Some(&op(&d, effect))).await;
+                assert_eq!((s, v["recorded"].as_bool()), (200, Some(true)), "{v}");
+            }
+            d
+        }
+    };
+    let d0 = claim_with_op(0, true, Some("read")).await;
+    let d1 = claim_with_op(1, true, Some("write")).await;
+    let d2 = claim_with_op(2, false, None).await;
     let status_of = |id: &Value| {
         let id = id.as_str().unwrap().to_string();
         let relay = &relay;
@@ -857,7 +847,7 @@ async fn unclaimed_rows_expire(backend: Backend) {
     let cfg = FAST
         .replace("lifetime_secs = 60", "lifetime_secs = 4")
         .replace("max_lease_secs = 30", "max_lease_secs = 3")
-        .replace("default_lease_secs = 2", "default_lease_secs = 1");
+        .replace("default_lease_secs = 5", "default_lease_secs = 1");
     let relay = Relay::start_opts(
         &backend,
         RelayOptions {
@@ -1074,7 +1064,7 @@ async fn disabled_and_deleted_workflows_stop(backend: Backend) {
         .define("w", &on_message(&format!("{} go", fx.mention(0))))
         .await;
     fx.post("one").await;
-    let d = claim_when_due(&relay, &fx.agents[0], json!({})).await;
+    let d = claim_when_due(&relay, &fx.agents[0], json!({"lease_seconds": 20})).await;
     // Disable: the claimed delivery is cancelled, new messages start nothing.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let mut off = on_message(&format!("{} go", fx.mention(0)));
