@@ -98,11 +98,12 @@ impl AgentConfig {
         if let Some(f) = file {
             fig = fig.merge(Toml::file_exact(f));
         }
-        fig = fig.merge(
-            Env::prefixed("AGENT_")
-                .split("__")
-                .ignore(&["secret_key", "config", "log"]),
-        );
+        fig =
+            fig.merge(
+                Env::prefixed("AGENT_")
+                    .split("__")
+                    .ignore(&["secret_key", "config", "log", "faults"]),
+            );
         let cfg: AgentConfig = fig.extract().map_err(Box::new)?;
         cfg.validate().map_err(|m| Box::new(figment::Error::from(m)))?;
         Ok(cfg)

@@ -178,6 +178,9 @@ async fn exec(
     if let Err(e) = ops.record(&format!("exec:{}", command[0]), effect).await {
         return Outcome::Retry(format!("recording the operation failed: {e}"));
     }
+    if let Err(e) = crate::faults::check("handler:after_record") {
+        return Outcome::Retry(e);
+    }
     let input = json!({
         "channel": turn.channel,
         "messages": turn.items.iter().map(|i| json!({
@@ -235,6 +238,9 @@ async fn exec(
             Ok(r) => r,
         },
     };
+    if let Err(e) = crate::faults::check("handler:after_run") {
+        return Outcome::Retry(e);
+    }
     let stderr_tail = String::from_utf8_lossy(&err)
         .chars()
         .rev()

@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod config;
+pub mod faults;
 pub mod handler;
 pub mod relay;
 pub mod runtime;

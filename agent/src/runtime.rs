@@ -166,8 +166,14 @@ impl Runtime {
             if self.shutdown.is_cancelled() {
                 return;
             }
+            if crate::faults::check("claim:before").is_err() {
+                return;
+            }
             match self.api.claim(self.claim_body()).await {
-                Ok(Some(d)) => self.accept(d, None).await,
+                Ok(Some(d)) => {
+                    let _ = crate::faults::check("claim:after");
+                    self.accept(d, None).await
+                }
                 Ok(None) => return,
                 Err(e) => {
                     tracing::warn!(error = %e, "poll claim failed");
@@ -211,8 +217,14 @@ impl Runtime {
         let mut body = self.claim_body();
         body["delivery_id"] = json!(wake.delivery_id);
         body["expected"] = wake.expected();
+        if crate::faults::check("claim:before").is_err() {
+            return;
+        }
         match self.api.claim(body).await {
-            Ok(Some(d)) => self.accept(d, Some(wake)).await,
+            Ok(Some(d)) => {
+                let _ = crate::faults::check("claim:after");
+                self.accept(d, Some(wake)).await
+            }
             Ok(None) => {}
             Err(e) => tracing::warn!(error = %e, "claim by wake failed; polling will catch up"),
         }
@@ -432,6 +444,8 @@ impl Runtime {
         loop {
             match self.api.finish(&d.id, &body).await {
                 Ok(status) => {
+                    let _ = crate::faults::check("finish:after_ack");
+
                     tracing::info!(delivery = %d.id, status, "finished");
                     break;
                 }

@@ -171,7 +171,10 @@ async fn finish(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth
         .await;
     match r {
         Ok(Ok(f)) => {
+            // Test-only: die after the commit, before the agent hears of it.
+            let _ = crate::faults::check("finish:after_commit");
             let replied = !f.published.is_empty();
+
             for (ev, raw) in f.published {
                 state.publish(&community, Arc::new(ev), Arc::from(raw));
             }

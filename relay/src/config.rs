@@ -46,6 +46,8 @@ pub struct Config {
     pub shutdown_grace_ms: u64,
     /// How often expired (NIP-40) events are purged.
     pub expiry_sweep_interval_secs: u64,
+    /// How long `serve` waits at start for an unreachable database.
+    pub startup_db_wait_secs: u64,
 }
 
 impl Default for Config {
@@ -67,6 +69,7 @@ impl Default for Config {
             postgres: PostgresConfig::default(),
             shutdown_grace_ms: 5_000,
             expiry_sweep_interval_secs: 60,
+            startup_db_wait_secs: 30,
         }
     }
 }

@@ -31,7 +31,8 @@ pub async fn ensure_default_community(cfg: &Config, store: &dyn store::Store) ->
 
 /// Runs the relay until SIGTERM/SIGINT.
 pub async fn serve(cfg: Config) -> anyhow::Result<()> {
-    let store = store::open(&cfg).await.context("opening the database")?;
+    let store = open_store(&cfg).await?;
+
     ensure_default_community(&cfg, store.as_ref()).await?;
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
@@ -124,6 +125,24 @@ async fn forward_remote(state: Arc<AppState>, mut remote: tokio::sync::mpsc::Rec
         match nostr::prelude::Event::from_json(&r.raw) {
             Ok(event) => state.publish(&r.community, Arc::new(event), Arc::from(r.raw)),
             Err(e) => tracing::warn!(error = %e, "undecodable event from another relay process"),
+        }
+    }
+}
+
+/// Opens the store, waiting up to `startup_db_wait_secs` for a database that
+/// is not reachable yet (a relay may start before its database does).
+async fn open_store(cfg: &Config) -> anyhow::Result<std::sync::Arc<dyn store::Store>> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(cfg.startup_db_wait_secs);
+    let mut delay = Duration::from_millis(100);
+    loop {
+        match store::open(cfg).await {
+            Ok(s) => return Ok(s),
+            Err(StoreError::Db(e)) if tokio::time::Instant::now() < deadline => {
+                tracing::warn!(error = %e, "database not reachable yet; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
+            Err(e) => return Err(anyhow::Error::new(e).context("opening the database")),
         }
     }
 }

@@ -15,12 +15,25 @@ pub struct AgentProc {
     child: Option<Child>,
     log_path: PathBuf,
     config_path: PathBuf,
+    env: Vec<(String, String)>,
 }
 
 impl AgentProc {
     /// Starts `agent run` for `keys` (owned by `owner`) against `relay`, with
     /// `handler` (a TOML `[handler]` table body) and extra top-level TOML.
     pub fn start(relay: &Relay, keys: &Keys, owner: &Keys, handler: &str, extra: &str) -> AgentProc {
+        Self::start_env(relay, keys, owner, handler, extra, &[])
+    }
+
+    /// Like [`AgentProc::start`], with extra environment (e.g. `AGENT_FAULTS`).
+    pub fn start_env(
+        relay: &Relay,
+        keys: &Keys,
+        owner: &Keys,
+        handler: &str,
+        extra: &str,
+        env: &[(String, String)],
+    ) -> AgentProc {
         let dir = relay.store.dir.path();
         let tag = &keys.public_key().to_hex()[..12];
         let key_path = dir.join(format!("agent-{tag}.key"));
@@ -54,10 +67,10 @@ impl AgentProc {
         config.push_str(&format!("[handler]\n{handler}\n"));
 
         std::fs::write(&config_path, config).expect("agent config");
-        Self::spawn(&config_path, dir)
+        Self::spawn(&config_path, dir, env)
     }
 
-    fn spawn(config_path: &Path, dir: &Path) -> AgentProc {
+    fn spawn(config_path: &Path, dir: &Path, env: &[(String, String)]) -> AgentProc {
         let n = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
@@ -69,6 +82,7 @@ impl AgentProc {
             .arg(config_path)
             .env("AGENT_LOG", "info,agent=debug")
             .env_remove("AGENT_SECRET_KEY")
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()
@@ -90,6 +104,7 @@ impl AgentProc {
             child: Some(child),
             log_path,
             config_path: config_path.to_path_buf(),
+            env: env.to_vec(),
         }
     }
 
@@ -116,11 +131,25 @@ impl AgentProc {
         }
     }
 
+    /// Whether the process has exited (e.g. killed by an armed fault).
+    pub fn exited(&mut self) -> bool {
+        match self.child.as_mut() {
+            None => true,
+            Some(c) => matches!(c.try_wait(), Ok(Some(_))),
+        }
+    }
+
+    /// Starts the same agent again (after `kill`), with `env` this time.
+    pub fn restart_env(&mut self, env: &[(String, String)]) {
+        self.env = env.to_vec();
+        self.restart();
+    }
+
     /// Starts the same agent again (after `kill`).
     pub fn restart(&mut self) {
         self.kill();
         let dir = self.config_path.parent().expect("dir").to_path_buf();
-        let again = Self::spawn(&self.config_path, &dir);
+        let again = Self::spawn(&self.config_path, &dir, &self.env.clone());
         let mut again = std::mem::ManuallyDrop::new(again);
         self.child = again.child.take();
         self.log_path = std::mem::take(&mut again.log_path);

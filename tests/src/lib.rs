@@ -34,7 +34,7 @@ pub fn workspace_bin(name: &str) -> PathBuf {
             "-p",
             "tests",
             "--features",
-            "relay/faults",
+            "relay/faults,agent/faults",
         ]);
 
         if profile_dir().ends_with("release") {
@@ -64,12 +64,14 @@ pub fn workspace_root() -> PathBuf {
 }
 
 fn profile_dir() -> PathBuf {
-    // target/<profile>/deps/<test binary>
+    // target/<profile>/deps/<test binary>, or target/<profile>/<binary>
     let exe = std::env::current_exe().expect("current exe");
-    exe.parent()
-        .and_then(|p| p.parent())
-        .expect("target/<profile>")
-        .to_path_buf()
+    let dir = exe.parent().expect("exe dir");
+    if dir.ends_with("deps") {
+        dir.parent().expect("target/<profile>").to_path_buf()
+    } else {
+        dir.to_path_buf()
+    }
 }
 
 /// Unix seconds now.

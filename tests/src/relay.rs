@@ -97,7 +97,7 @@ impl Relay {
 
     /// Starts a relay on an existing store (a restart, or a second process).
     pub fn start_with(store: Arc<Store>, options: RelayOptions) -> Relay {
-        let (child, addr, log_path) = spawn_process(&store, &options);
+        let (child, addr, log_path) = spawn_process(&store, &options, "127.0.0.1:0");
         Relay {
             child: Some(child),
             addr,
@@ -141,13 +141,28 @@ impl Relay {
         panic!("relay did not exit within 15 s of SIGTERM");
     }
 
-    /// Restarts on the same store (after kill or terminate).
+    /// Restarts on the same store and port (after kill or terminate).
     pub fn restart(&mut self) {
         self.kill();
-        let (child, addr, log_path) = spawn_process(&self.store, &self.options);
+        let listen = self.addr.to_string();
+        let (child, addr, log_path) = spawn_process(&self.store, &self.options, &listen);
         self.child = Some(child);
         self.addr = addr;
         self.log_path = log_path;
+    }
+
+    /// Restarts with other options (e.g. armed faults), same store and port.
+    pub fn restart_with(&mut self, options: RelayOptions) {
+        self.options = options;
+        self.restart();
+    }
+
+    /// Whether the process has exited (e.g. killed by an armed fault).
+    pub fn exited(&mut self) -> bool {
+        match self.child.as_mut() {
+            None => true,
+            Some(c) => matches!(c.try_wait(), Ok(Some(_))),
+        }
     }
 
     /// Runs `relay <args>` against this relay's database and returns stdout.
@@ -177,7 +192,7 @@ pub fn run_cli(database_url: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn spawn_process(store: &Store, options: &RelayOptions) -> (Child, SocketAddr, PathBuf) {
+fn spawn_process(store: &Store, options: &RelayOptions, listen: &str) -> (Child, SocketAddr, PathBuf) {
     let n = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
@@ -189,7 +204,7 @@ fn spawn_process(store: &Store, options: &RelayOptions) -> (Child, SocketAddr, P
     let mut cmd = Command::new(workspace_bin("relay"));
     cmd.arg("--config")
         .arg(&config_path)
-        .args(["--listen", "127.0.0.1:0", "--database-url", &store.database_url])
+        .args(["--listen", listen, "--database-url", &store.database_url])
         .env("RELAY_LOG", "info,relay=debug")
         .env_remove("RELAY_CONFIG")
         .stdout(Stdio::piped())
@@ -246,27 +261,44 @@ impl Drop for Relay {
 }
 
 impl Store {
+    /// Like [`Store::sql`], but retrying for up to 30 s while the database
+    /// is unreachable (the crash campaign restarts it).
+    pub fn sql_retrying(&self, sql: &str) -> String {
+        let mut last = String::new();
+        for _ in 0..150 {
+            match self.try_sql(sql) {
+                Ok(out) => return out,
+                Err(e) => last = e,
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!("sql failed for 30 s: {last}");
+    }
+
     /// Runs SQL against the store's database (tests craft rows with it):
-    /// `sqlite3` semantics through Python's sqlite3 module, psql for PostgreSQL.
+    /// Python's sqlite3 module for SQLite, psql for PostgreSQL.
     pub fn sql(&self, sql: &str) -> String {
+        self.try_sql(sql).unwrap_or_else(|e| panic!("sql failed: {e}"))
+    }
+
+    /// [`Store::sql`] without panicking.
+    pub fn try_sql(&self, sql: &str) -> Result<String, String> {
         match &self.backend {
             Backend::Sqlite => {
                 let path = self.database_url.trim_start_matches("sqlite://");
-                let script = "import sqlite3,sys\nc=sqlite3.connect(sys.argv[1])\nr=c.execute(sys.argv[2]).fetchall()\nc.commit()\nprint('\\n'.join('|'.join(str(x) for x in row) for row in r))";
+                let script = "import sqlite3,sys\nc=sqlite3.connect(sys.argv[1], timeout=10)\nr=c.execute(sys.argv[2]).fetchall()\nc.commit()\nprint('\\n'.join('|'.join(str(x) for x in row) for row in r))";
                 let out = Command::new("python3")
                     .args(["-c", script, path, sql])
                     .output()
-                    .expect("python3");
-                assert!(
-                    out.status.success(),
-                    "sql failed: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-                String::from_utf8_lossy(&out.stdout).trim().to_string()
+                    .map_err(|e| e.to_string())?;
+                if !out.status.success() {
+                    return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+                }
+                Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
             }
             Backend::Postgres(server) => {
                 let db = self.database_url.rsplit('/').next().expect("db name");
-                server.psql(db, sql).unwrap_or_else(|e| panic!("sql failed: {e}"))
+                server.psql(db, sql)
             }
         }
     }

@@ -752,6 +752,7 @@ pub async fn sweep(
     for r in &expired {
         let d = delivery(r)?;
         published.push(fail(tx, community, keys, &d, "expired", "expired", None, now).await?);
+        faults::check("sweep:after_transition")?;
     }
     let lapsed = tx
         .all(
@@ -793,6 +794,7 @@ pub async fn sweep(
         } else {
             published.push(fail(tx, community, keys, &d, "failed", "lease_expired", None, now).await?);
         }
+        faults::check("sweep:after_transition")?;
     }
     Ok(published)
 }

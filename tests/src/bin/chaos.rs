@@ -1,0 +1,553 @@
+//! Crash campaign: real relay and agent processes, SIGKILLed at chosen
+//! points (test-only fault hooks, armed by environment) and at random times,
+//! then a checker that reads the database and the agent's side-effect log.
+//!
+//! cargo run -p tests --bin chaos -- --trials 1000 --backend sqlite
+//! cargo run -p tests --bin chaos -- --trials 1000 --backend postgres --pg-faults
+//!
+//! Prints one summary line and exits non-zero when anything was lost,
+//! duplicated or stuck (visible failures are counted, not errors).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use nostr::prelude::Keys;
+use rand::{Rng, SeedableRng};
+use serde_json::Value;
+use tests::agent::AgentProc;
+use tests::pg::PgServer;
+use tests::relay::Store;
+use tests::workflow::{on_message, Fixture};
+use tests::{Backend, Relay, RelayOptions};
+
+#[derive(Parser, Debug)]
+#[command(about = "Crash campaign against real relay and agent processes")]
+struct Args {
+    #[arg(long, default_value_t = 24)]
+    trials: usize,
+    #[arg(long, default_value = "sqlite")]
+    backend: String,
+    /// Independent lanes (relay + agent + database) run at once.
+    #[arg(long, default_value_t = 4)]
+    parallel: usize,
+    /// Messages (hence deliveries) per trial.
+    #[arg(long, default_value_t = 3)]
+    messages: usize,
+    /// PostgreSQL: two relay processes per lane (agent on the second), and
+    /// database restarts and backend terminations during the campaign.
+    #[arg(long)]
+    pg_faults: bool,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+/// Where a trial kills a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Point {
+    AgentBeforeClaim,
+    AgentAfterClaim,
+    AgentAfterRecordedWrite,
+    AgentAfterSideEffect,
+    AgentAfterFinishAck,
+    RelayAfterFinishCommit,
+    RelayBetweenStepAndWake,
+    RelayInStepTransaction,
+    RelayDuringSweep,
+    Random,
+}
+
+const POINTS: [Point; 10] = [
+    Point::AgentBeforeClaim,
+    Point::AgentAfterClaim,
+    Point::AgentAfterRecordedWrite,
+    Point::AgentAfterSideEffect,
+    Point::AgentAfterFinishAck,
+    Point::RelayAfterFinishCommit,
+    Point::RelayBetweenStepAndWake,
+    Point::RelayInStepTransaction,
+    Point::RelayDuringSweep,
+    Point::Random,
+];
+
+impl Point {
+    /// (process, fault spec) armed for the trial; the first is the kill
+    /// awaited. The sweep is reached through a lapsed lease: the agent dies
+    /// after its claim, then the relay dies in the sweep that follows.
+    fn faults(self) -> Vec<(&'static str, &'static str)> {
+        if self == Point::RelayDuringSweep {
+            return vec![
+                ("relay", "sweep:after_transition=kill*1"),
+                ("agent", "claim:after=kill*1"),
+            ];
+        }
+        self.fault().into_iter().collect()
+    }
+
+    fn fault(self) -> Option<(&'static str, &'static str)> {
+        Some(match self {
+            Point::AgentBeforeClaim => ("agent", "claim:before=kill*1"),
+            Point::AgentAfterClaim => ("agent", "claim:after=kill*1"),
+            Point::AgentAfterRecordedWrite => ("agent", "handler:after_record=kill*1"),
+            Point::AgentAfterSideEffect => ("agent", "handler:after_run=kill*1"),
+            Point::AgentAfterFinishAck => ("agent", "finish:after_ack=kill*1"),
+            Point::RelayAfterFinishCommit => ("relay", "finish:after_commit=kill*1"),
+            Point::RelayBetweenStepAndWake => ("relay", "wake:before_send=kill*1"),
+            Point::RelayInStepTransaction => ("relay", "step:after_rows=kill*1"),
+            Point::RelayDuringSweep => ("relay", "sweep:after_transition=kill*1"),
+            Point::Random => return None,
+        })
+    }
+}
+
+#[derive(Debug, Default, Clone)]
+struct Counts {
+    trials: usize,
+    deliveries: usize,
+    delivered: usize,
+    visible_failures: usize,
+    lost: usize,
+    duplicate_side_effects: usize,
+    duplicate_replies: usize,
+    replies_without_delivered: usize,
+    delivered_without_reply: usize,
+    stuck: usize,
+    kills: usize,
+    points_reached: HashMap<String, (usize, usize)>,
+}
+
+impl Counts {
+    fn add(&mut self, o: &Counts) {
+        self.trials += o.trials;
+        self.deliveries += o.deliveries;
+        self.delivered += o.delivered;
+        self.visible_failures += o.visible_failures;
+        self.lost += o.lost;
+        self.duplicate_side_effects += o.duplicate_side_effects;
+        self.duplicate_replies += o.duplicate_replies;
+        self.replies_without_delivered += o.replies_without_delivered;
+        self.delivered_without_reply += o.delivered_without_reply;
+        self.stuck += o.stuck;
+        self.kills += o.kills;
+        for (k, (a, b)) in &o.points_reached {
+            let e = self.points_reached.entry(k.clone()).or_default();
+            e.0 += a;
+            e.1 += b;
+        }
+    }
+
+    fn bad(&self) -> usize {
+        self.lost
+            + self.duplicate_side_effects
+            + self.duplicate_replies
+            + self.replies_without_delivered
+            + self.delivered_without_reply
+            + self.stuck
+    }
+}
+
+const RELAY_TOML: &str = "[deliveries]\nretry_base_secs = 1\nretry_cap_secs = 2\nlifetime_secs = 600\n\
+default_lease_secs = 3\nmax_lease_secs = 30\nsweep_interval_ms = 200\n\
+[workflows]\nrun_poll_interval_ms = 200\n[limits]\nevents_per_second = 1000\nevents_burst = 1000\n";
+
+struct Lane {
+    /// Relays of the lane: [A] or [A, B] (B serves the agent).
+    relays: Vec<Relay>,
+    agent: AgentProc,
+    fx: Fixture,
+    side_log: PathBuf,
+    store: Arc<Store>,
+}
+
+fn handler_script(store: &Store) -> (String, PathBuf) {
+    let dir = store.dir.path();
+    let side_log = dir.join("side-effects.log");
+    let script = dir.join("side-effect.sh");
+    // The side effect: one line per delivery, appended (then the reply).
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\npython3 -c 'import json,sys; d=json.load(sys.stdin); print(\"\\n\".join(m[\"delivery_id\"] for m in d[\"messages\"]))' >> {}\necho done\n",
+            side_log.display()
+        ),
+    )
+    .expect("script");
+    (
+        format!(
+            "type = \"exec\"\ncommand = [\"sh\", \"{}\"]\ntimeout_secs = 20\neffect = \"write\"",
+            script.display()
+        ),
+        side_log,
+    )
+}
+
+const AGENT_EXTRA: &str = "lease_secs = 3\npoll_interval_secs = 1\ndebounce_ms = 0\nmax_turn_deliveries = 1\nreconnect_min_ms = 50\nreconnect_max_ms = 500";
+
+async fn lane(backend: &Backend, two_relays: bool) -> Lane {
+    let store = Store::new(backend);
+    let opts = RelayOptions {
+        config_toml: RELAY_TOML.into(),
+        ..Default::default()
+    };
+    let mut relays = vec![Relay::start_with(store.clone(), opts.clone())];
+    if two_relays {
+        relays.push(Relay::start_with(store.clone(), opts));
+    }
+    let mut fx = Fixture::new(&relays[0], "chaos", 1).await;
+    fx.define(
+        "chaos",
+        &on_message(&format!("{} work on {{{{trigger.text}}}}", fx.mention(0))),
+    )
+    .await;
+    let (handler, side_log) = handler_script(&store);
+    let agent_relay = relays.last().expect("a relay");
+    let agent = AgentProc::start_env(
+        agent_relay,
+        &fx.agents[0].clone(),
+        &fx.owner.clone(),
+        &handler,
+        AGENT_EXTRA,
+        &[],
+    );
+    Lane {
+        relays,
+        agent,
+        fx,
+        side_log,
+        store,
+    }
+}
+
+async fn wait_exit(lane: &mut Lane, which: &str, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        let dead = match which {
+            "agent" => lane.agent.exited(),
+            _ => lane.relays.iter_mut().any(|r| r.exited()),
+        };
+        if dead {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    false
+}
+
+/// Restarts every dead process of the lane, without faults.
+fn revive(lane: &mut Lane) {
+    for r in lane.relays.iter_mut() {
+        if r.exited() || r.options.env.iter().any(|(k, _)| k == "RELAY_FAULTS") {
+            r.restart_with(RelayOptions {
+                config_toml: RELAY_TOML.into(),
+                ..Default::default()
+            });
+        }
+    }
+    lane.agent.restart_env(&[]);
+}
+
+/// One trial: arm, post, kill, revive, wait, check.
+async fn trial(
+    lane: &mut Lane,
+    t: usize,
+    point: Point,
+    messages: usize,
+    rng: &mut rand::rngs::StdRng,
+) -> Counts {
+    let mut c = Counts {
+        trials: 1,
+        ..Default::default()
+    };
+    let faults = point.faults();
+    for (which, spec) in &faults {
+        if *which == "relay" {
+            let env = vec![("RELAY_FAULTS".to_string(), spec.to_string())];
+            for r in lane.relays.iter_mut() {
+                r.restart_with(RelayOptions {
+                    config_toml: RELAY_TOML.into(),
+                    env: env.clone(),
+                });
+            }
+        } else {
+            lane.agent
+                .restart_env(&[("AGENT_FAULTS".to_string(), spec.to_string())]);
+        }
+    }
+    let armed = faults.first().copied();
+    let tag = format!("trial-{t}-");
+    // Post the trial's messages; a message counts only once acknowledged
+    // (the relay may die under the poster: what was not acknowledged was
+    // never promised).
+    let mut acked = Vec::new();
+    if let Ok(mut poster) = tests::Client::connect_host(&lane.relays[0].ws_url(), None).await {
+        let owner = lane.fx.owner.clone();
+        let challenge_ok = {
+            let url = lane.relays[0].ws_url();
+            let ev = tests::client::auth_event(&owner, &poster.challenge, &url);
+            poster.send(serde_json::json!(["AUTH", ev])).await;
+            wait_ok(&mut poster, &ev.id.to_hex()).await == Some(true)
+        };
+        if challenge_ok {
+            for i in 0..messages {
+                let text = format!("{tag}{i}");
+                let ev = tests::event(&owner, 9, &text, &[&["h", "chaos"]]);
+                poster.send(serde_json::json!(["EVENT", ev])).await;
+                match wait_ok(&mut poster, &ev.id.to_hex()).await {
+                    Some(true) => acked.push(text),
+                    Some(false) | None => break,
+                }
+            }
+        }
+    }
+    let reached = match armed {
+        Some((which, _)) => wait_exit(lane, which, Duration::from_secs(10)).await,
+        None => {
+            tokio::time::sleep(Duration::from_millis(rng.random_range(0..1500))).await;
+            if rng.random_bool(0.5) {
+                lane.agent.kill();
+            } else {
+                let i = rng.random_range(0..lane.relays.len());
+                lane.relays[i].kill();
+            }
+            true
+        }
+    };
+    if reached {
+        c.kills += 1;
+    }
+    let key = format!("{point:?}");
+    c.points_reached.insert(key, (usize::from(reached), 1));
+    revive(lane);
+    check(lane, &tag, &acked, &mut c).await;
+    c
+}
+
+/// The OK for `id` within 5 s; `None` if the connection ended or nothing came.
+async fn wait_ok(c: &mut tests::Client, id: &str) -> Option<bool> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        let v = c.try_recv(Duration::from_millis(500)).await;
+        match v {
+            Some(v) if v[0] == "OK" && v[1] == id => return v[2].as_bool(),
+            Some(_) => {}
+            None if Instant::now() < deadline => return None,
+            None => {}
+        }
+    }
+    None
+}
+
+/// Waits for the trial's deliveries to settle, then counts.
+async fn check(lane: &Lane, tag: &str, acked: &[String], c: &mut Counts) {
+    let store = &lane.store;
+    let q = format!(
+        "SELECT d.id, d.status, d.failure_code, d.message_event_id, r.trigger_context FROM workflow_agent_deliveries d \
+         JOIN workflow_runs r ON r.community_id = d.community_id AND r.id = d.run_id \
+         WHERE r.trigger_context LIKE '%\"{tag}%'"
+    );
+    let hexcol = |s: &str| -> String {
+        // SQLite prints bytes as b'..'; psql as \x..; normalise to hex.
+        if let Some(h) = s.strip_prefix("\\x") {
+            return h.to_string();
+        }
+        s.to_string()
+    };
+    let terminal = ["delivered", "failed", "expired", "cancelled"];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut rows: Vec<Vec<String>>;
+    loop {
+        let out =
+            store.sql_retrying(&q.replace("d.message_event_id", &hex_expr(store, "d.message_event_id")));
+        rows = out
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(|l| l.split('|').map(str::to_string).collect())
+            .collect();
+        let has_row = |text: &String| {
+            rows.iter()
+                .any(|r| r.get(4).is_some_and(|ctx| ctx.contains(&format!("\"{text}\""))))
+        };
+        let settled = acked.iter().all(has_row) && rows.iter().all(|r| terminal.contains(&r[1].as_str()));
+        if settled || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    c.deliveries += rows.len();
+    // An acknowledged message whose delivery never appeared is lost.
+    c.lost += acked
+        .iter()
+        .filter(|text| {
+            !rows
+                .iter()
+                .any(|r| r.get(4).is_some_and(|ctx| ctx.contains(&format!("\"{text}\""))))
+        })
+        .count();
+    let side = std::fs::read_to_string(&lane.side_log).unwrap_or_default();
+    let agent_hex = lane.fx.agents[0].public_key().to_hex();
+    let replies = store.sql_retrying(&format!(
+        "SELECT raw FROM events WHERE kind = 9 AND pubkey = {}",
+        store.blob(&agent_hex)
+    ));
+    let mut replies_per_message: HashMap<String, usize> = HashMap::new();
+    for line in replies.lines().filter(|l| !l.is_empty()) {
+        let Ok(ev) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        for t in ev["tags"].as_array().into_iter().flatten() {
+            if t[0] == "e" && (t[3] == "root" || t[3] == "reply") {
+                if let Some(id) = t[1].as_str() {
+                    *replies_per_message.entry(id.to_string()).or_default() += 1;
+                }
+            }
+        }
+    }
+    for r in &rows {
+        let (id, status, msg) = (&r[0], r[1].as_str(), hexcol(&r[3]));
+        let effects = side.lines().filter(|l| l.trim() == id).count();
+        if effects > 1 {
+            c.duplicate_side_effects += 1;
+        }
+        let n_replies = replies_per_message.get(&msg).copied().unwrap_or(0);
+        if n_replies > 1 {
+            c.duplicate_replies += 1;
+        }
+        match status {
+            "delivered" => {
+                c.delivered += 1;
+                if n_replies == 0 {
+                    c.delivered_without_reply += 1;
+                }
+            }
+            "failed" | "expired" => {
+                if n_replies > 0 {
+                    c.replies_without_delivered += 1;
+                }
+                let notice = store.sql_retrying(&format!(
+                    "SELECT COUNT(*) FROM events WHERE kind = 9 AND raw LIKE '%\"workflow-delivery-failed\",\"{id}\"%'"
+                ));
+                if notice.trim() == "1" {
+                    c.visible_failures += 1;
+                } else {
+                    c.lost += 1;
+                }
+            }
+            "cancelled" => c.visible_failures += 1,
+            _ => c.stuck += 1,
+        }
+    }
+}
+
+fn hex_expr(store: &Store, col: &str) -> String {
+    match store.backend {
+        Backend::Sqlite => format!("lower(hex({col}))"),
+        Backend::Postgres(_) => format!("encode({col}, 'hex')"),
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args = Args::parse();
+    let started = Instant::now();
+    let server = match args.backend.as_str() {
+        "postgres" => Some(Arc::new(PgServer::start().expect("PostgreSQL for the campaign"))),
+        "sqlite" => None,
+        other => panic!("unknown backend {other}"),
+    };
+    let backend = match &server {
+        Some(s) => Backend::Postgres(s.clone()),
+        None => Backend::Sqlite,
+    };
+    let lanes = args.parallel.max(1).min(args.trials.max(1));
+    let mut handles = Vec::new();
+    for l in 0..lanes {
+        let backend = backend.clone();
+        let (trials, messages, pg_faults, seed) = (args.trials, args.messages, args.pg_faults, args.seed);
+        handles.push(tokio::spawn(async move {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed.wrapping_mul(1000) + l as u64);
+            let mut lane = lane(&backend, pg_faults).await;
+            let mut counts = Counts::default();
+            for t in (l..trials).step_by(lanes) {
+                let point = POINTS[t % POINTS.len()];
+                let c = trial(&mut lane, t, point, messages, &mut rng).await;
+                counts.add(&c);
+            }
+            counts
+        }));
+    }
+    // PostgreSQL faults while the lanes run: restarts and terminated backends.
+    // From a plain thread that lives to the end: a server (re)started by a
+    // thread dies with it (parent-death signal).
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pg_thread = match (&server, args.pg_faults) {
+        (Some(s), true) => {
+            let (s, stop) = (s.clone(), stop.clone());
+            Some(std::thread::spawn(move || {
+                let mut n = 0u64;
+                let (mut restarts, mut terminations) = (0u64, 0u64);
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    for _ in 0..70 {
+                        if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                            return (restarts, terminations);
+                        }
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    n += 1;
+                    if n.is_multiple_of(3) {
+                        s.stop();
+                        std::thread::sleep(Duration::from_millis(800));
+                        s.start_again();
+                        restarts += 1;
+                    } else {
+                        terminations += 1;
+                        let _ = s.psql(
+                            "postgres",
+                            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                             WHERE application_name = 'relay' AND pid <> pg_backend_pid()",
+                        );
+                    }
+                }
+                (restarts, terminations)
+            }))
+        }
+        _ => None,
+    };
+    let mut total = Counts::default();
+    for h in handles {
+        total.add(&h.await.expect("lane"));
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (pg_restarts, pg_terminations) = pg_thread.map(|t| t.join().unwrap_or((0, 0))).unwrap_or((0, 0));
+    let mut reached: Vec<String> = total
+        .points_reached
+        .iter()
+        .map(|(k, (a, b))| format!("{k}:{a}/{b}"))
+        .collect();
+    reached.sort();
+    println!(
+        "chaos backend={} trials={} deliveries={} delivered={} visible_failures={} lost={} duplicate_side_effects={} \
+         duplicate_replies={} replies_without_delivered={} delivered_without_reply={} stuck={} kills={} pg_restarts={} pg_terminations={} seconds={}",
+        args.backend,
+        total.trials,
+        total.deliveries,
+        total.delivered,
+        total.visible_failures,
+        total.lost,
+        total.duplicate_side_effects,
+        total.duplicate_replies,
+        total.replies_without_delivered,
+        total.delivered_without_reply,
+        total.stuck,
+        total.kills,
+        pg_restarts,
+        pg_terminations,
+        started.elapsed().as_secs()
+    );
+    println!("kill points reached: {}", reached.join(" "));
+    let _ = Keys::generate();
+    if total.bad() > 0 {
+        std::process::exit(1);
+    }
+}
