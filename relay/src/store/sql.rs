@@ -140,8 +140,12 @@ pub fn push_filter(sql: &mut Sql, community: &str, f: &Filter, scope: &ReadScope
     sql.push(")");
     for (letter, values) in &f.generic_tags {
         if values.is_empty() {
+            // As live matching (the nostr crate) reads it: `#x: []` matches nothing,
+            // while an empty `ids`, `authors` or `kinds` places no constraint.
+            sql.push(" AND 1=0");
             continue;
         }
+
         sql.tag_in(community, letter.as_ref(), values.iter().cloned());
     }
     // Channels: deleted ones are unreadable, private ones only for members.
