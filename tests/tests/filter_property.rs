@@ -27,16 +27,28 @@ fn random_events(rng: &mut StdRng, authors: &[Keys], base: u64) -> Vec<Event> {
             tags.push(vec!["t".into(), letters.choose(rng).unwrap().to_string()]);
         }
         if rng.random_bool(0.4) {
-            tags.push(vec!["p".into(), authors.choose(rng).unwrap().public_key().to_hex()]);
+            tags.push(vec![
+                "p".into(),
+                authors.choose(rng).unwrap().public_key().to_hex(),
+            ]);
         }
         if !out.is_empty() && rng.random_bool(0.3) {
             tags.push(vec!["e".into(), out.choose(rng).unwrap().id.to_hex()]);
         }
         // Few distinct timestamps, so that ties (and their order) are exercised.
         let created = base + rng.random_range(0..20);
-        let tag_refs: Vec<Vec<&str>> = tags.iter().map(|t| t.iter().map(String::as_str).collect()).collect();
+        let tag_refs: Vec<Vec<&str>> = tags
+            .iter()
+            .map(|t| t.iter().map(String::as_str).collect())
+            .collect();
         let tag_slices: Vec<&[&str]> = tag_refs.iter().map(Vec::as_slice).collect();
-        out.push(event_at(author, kind, &format!("event {i}"), &tag_slices, created));
+        out.push(event_at(
+            author,
+            kind,
+            &format!("event {i}"),
+            &tag_slices,
+            created,
+        ));
     }
     out
 }
@@ -54,11 +66,21 @@ fn random_filter(rng: &mut StdRng, events: &[Event], authors: &[Keys], base: u64
     }
     if rng.random_bool(0.4) {
         let n = pick(rng, 2);
-        f.insert("authors".into(), json!((0..n).map(|_| authors.choose(rng).unwrap().public_key().to_hex()).collect::<Vec<_>>()));
+        f.insert(
+            "authors".into(),
+            json!((0..n)
+                .map(|_| authors.choose(rng).unwrap().public_key().to_hex())
+                .collect::<Vec<_>>()),
+        );
     }
     if rng.random_bool(0.4) {
         let n = pick(rng, 2);
-        f.insert("kinds".into(), json!((0..n).map(|_| *[1u16, 7, 1111, 4000, 5].choose(rng).unwrap()).collect::<Vec<_>>()));
+        f.insert(
+            "kinds".into(),
+            json!((0..n)
+                .map(|_| *[1u16, 7, 1111, 4000, 5].choose(rng).unwrap())
+                .collect::<Vec<_>>()),
+        );
     }
     if rng.random_bool(0.3) {
         f.insert("since".into(), json!(base + rng.random_range(0..20)));
@@ -68,10 +90,18 @@ fn random_filter(rng: &mut StdRng, events: &[Event], authors: &[Keys], base: u64
     }
     if rng.random_bool(0.4) {
         let n = pick(rng, 2);
-        f.insert("#t".into(), json!((0..n).map(|_| *["alpha", "beta", "gamma", "delta", "zeta"].choose(rng).unwrap()).collect::<Vec<_>>()));
+        f.insert(
+            "#t".into(),
+            json!((0..n)
+                .map(|_| *["alpha", "beta", "gamma", "delta", "zeta"].choose(rng).unwrap())
+                .collect::<Vec<_>>()),
+        );
     }
     if rng.random_bool(0.2) {
-        f.insert("#p".into(), json!([authors.choose(rng).unwrap().public_key().to_hex()]));
+        f.insert(
+            "#p".into(),
+            json!([authors.choose(rng).unwrap().public_key().to_hex()]),
+        );
     }
     if rng.random_bool(0.15) {
         f.insert("#e".into(), json!([events.choose(rng).unwrap().id.to_hex()]));
@@ -83,11 +113,17 @@ fn random_filter(rng: &mut StdRng, events: &[Event], authors: &[Keys], base: u64
 }
 
 async fn sql_matches_in_memory_filtering(backend: Backend) {
-    let seed: u64 = std::env::var("FILTER_PROPERTY_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(20261130);
+    let seed: u64 = std::env::var("FILTER_PROPERTY_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20261130);
     let mut rng = StdRng::seed_from_u64(seed);
     let relay = Relay::start_opts(
         &backend,
-        RelayOptions { config_toml: "[limits]\nevents_per_second = 100000\nevents_burst = 100000\n".into(), ..Default::default() },
+        RelayOptions {
+            config_toml: "[limits]\nevents_per_second = 100000\nevents_burst = 100000\n".into(),
+            ..Default::default()
+        },
     );
     let mut c = Client::connect(&relay.ws_url()).await;
     let authors: Vec<Keys> = (0..4).map(|_| Keys::generate()).collect();
@@ -99,7 +135,10 @@ async fn sql_matches_in_memory_filtering(backend: Backend) {
     for n in 0..FILTERS {
         let fv = random_filter(&mut rng, &events, &authors, base);
         let filter: Filter = serde_json::from_value(fv.clone()).unwrap();
-        let mut expected: Vec<&Event> = events.iter().filter(|e| filter.match_event(e, MatchEventOptions::new())).collect();
+        let mut expected: Vec<&Event> = events
+            .iter()
+            .filter(|e| filter.match_event(e, MatchEventOptions::new()))
+            .collect();
         expected.sort_by(|a, b| b.created_at.cmp(&a.created_at).then_with(|| a.id.cmp(&b.id)));
         let all = expected.len();
         if let Some(l) = filter.limit {
