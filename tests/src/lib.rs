@@ -26,24 +26,14 @@ pub fn workspace_bin(name: &str) -> PathBuf {
 
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut cmd = Command::new(cargo);
-        // The relay with its test-only fault hook, the agent, and the
-        // tests' own helper binaries (the small ACP agent).
-        cmd.args([
-            "build",
-            "--quiet",
-            "--bins",
-            "-p",
-            "relay",
-            "-p",
-            "agent",
-            "-p",
-            "tests",
-            "--features",
-            "relay/faults,agent/faults",
-        ]);
-
+        // The relay, the agent, and the tests' own helper binaries (the small
+        // ACP agent, chaos, bench). Debug builds (tests, the crash campaign)
+        // carry the test-only fault hooks; release builds (benchmarks) do not.
+        cmd.args(["build", "--quiet", "--bins", "-p", "relay", "-p", "agent", "-p", "tests"]);
         if profile_dir().ends_with("release") {
             cmd.arg("--release");
+        } else {
+            cmd.args(["--features", "relay/faults,agent/faults"]);
         }
         cmd.current_dir(workspace_root());
         match cmd.status() {

@@ -157,7 +157,13 @@ impl Relay {
         self.restart();
     }
 
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     /// Whether the process has exited (e.g. killed by an armed fault).
+
     pub fn exited(&mut self) -> bool {
         match self.child.as_mut() {
             None => true,

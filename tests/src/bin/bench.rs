@@ -1,0 +1,575 @@
+//! Benchmarks: the relay started here, load generated here (events signed
+//! before the clock starts), one line per figure, each the median of
+//! several rounds. With `--peer <ws url>` the same load also runs against
+//! another relay and each line gets the ratio (ours / peer for rates, peer /
+//! ours for latencies: above 1 means ours is better).
+//!
+//! cargo run --release -p tests --bin bench -- --quick
+//! cargo run --release -p tests --bin bench -- --peer ws://127.0.0.1:8080
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use futures_util::{SinkExt, StreamExt};
+use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, Tag, Timestamp};
+use rand::seq::IndexedRandom;
+use rand::{Rng, SeedableRng};
+use rayon::prelude::*;
+use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::Message;
+use tests::{Backend, Relay, RelayOptions};
+
+#[derive(Parser, Debug, Clone)]
+#[command(about = "Relay benchmarks")]
+struct Args {
+    /// A few minutes in all: smaller stores and fewer rounds.
+    #[arg(long)]
+    quick: bool,
+    #[arg(long, default_value = "sqlite")]
+    backend: String,
+    /// Another relay to run the same load against (ingest, query, fan-out).
+    #[arg(long)]
+    peer: Option<String>,
+    /// Figures to run (comma separated): ingest,query,fanout,delivery,memory.
+    #[arg(long, default_value = "ingest,query,fanout,delivery,memory")]
+    only: String,
+    /// Rounds per figure (default 3 quick, 5 full).
+    #[arg(long)]
+    rounds: Option<usize>,
+}
+
+type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+const BENCH_TOML: &str = "[limits]\nevents_per_second = 1000000\nevents_burst = 1000000\nmax_subscriptions = 200\n\
+max_outbound_bytes = 67108864\napi_requests_per_second = 1000000\napi_burst = 1000000\nfanout_buffer_events = 65536\n\
+[channels]\nmembership_kinds = [9]\n[sqlite]\npool_size = 16\n[postgres]\npool_size = 32\n\
+[deliveries]\ndefault_lease_secs = 60\n[workflows]\nrun_poll_interval_ms = 1000\n";
+
+async fn connect(url: &str) -> Ws {
+    let (ws, _) = tokio_tungstenite::connect_async(url).await.expect("connect");
+    ws
+}
+
+async fn next_json(ws: &mut Ws) -> Option<Value> {
+    loop {
+        match ws.next().await? {
+            Ok(Message::Text(t)) => return serde_json::from_str(t.as_str()).ok(),
+            Ok(Message::Close(_)) | Err(_) => return None,
+            Ok(_) => continue,
+        }
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+/// Signs `n` kind-1 events from `keys` in parallel (before any clock starts).
+fn presign(n: usize, keys: &[Keys], tag: &str) -> Vec<Event> {
+    let now = Timestamp::now().as_secs();
+    (0..n)
+        .into_par_iter()
+        .map(|i| {
+            let k = &keys[i % keys.len()];
+            EventBuilder::new(Kind::TextNote, format!("{tag} {i}"))
+                .tags([Tag::custom("t", ["bench"])])
+                .custom_created_at(Timestamp::from_secs(now - (i as u64 % 3600)))
+                .finalize(k)
+                .expect("sign")
+        })
+        .collect()
+}
+
+/// Publishes `events` over one connection, at most `window` unanswered at a
+/// time; returns how many were accepted.
+async fn pump(url: String, events: Vec<Event>, window: usize) -> usize {
+    let mut ws = connect(&url).await;
+    let (mut sent, mut answered, mut ok) = (0usize, 0usize, 0usize);
+    while answered < events.len() {
+        while sent < events.len() && sent - answered < window {
+            let msg = json!(["EVENT", events[sent]]).to_string();
+            ws.send(Message::Text(msg.into())).await.expect("send");
+            sent += 1;
+        }
+        let Some(v) = next_json(&mut ws).await else { break };
+        if v[0] == "OK" {
+            answered += 1;
+            if v[2] == true {
+                ok += 1;
+            }
+        }
+    }
+    ok
+}
+
+/// Events per second accepted from `conns` connections.
+async fn ingest_round(url: &str, n: usize, conns: usize, keys: &[Keys], round: usize) -> f64 {
+    let events = presign(n, keys, &format!("ingest-{conns}-{round}-{}", rand::random::<u32>()));
+    let mut parts: Vec<Vec<Event>> = vec![Vec::new(); conns];
+    for (i, e) in events.into_iter().enumerate() {
+        parts[i % conns].push(e);
+    }
+    let start = Instant::now();
+    let handles: Vec<_> = parts.into_iter().map(|p| tokio::spawn(pump(url.to_string(), p, 256))).collect();
+    let mut accepted = 0;
+    for h in handles {
+        accepted += h.await.expect("pump");
+    }
+    let secs = start.elapsed().as_secs_f64();
+    assert!(accepted * 100 >= n * 99, "only {accepted} of {n} accepted");
+    accepted as f64 / secs
+}
+
+struct Target {
+    name: &'static str,
+    url: String,
+    /// The relay process we started, for RSS (ours only).
+    pid: Option<u32>,
+}
+
+fn report(figure: &str, ours: f64, peer: Option<f64>, unit: &str, higher_is_better: bool) {
+    match peer {
+        Some(p) => {
+            let ratio = if higher_is_better { ours / p } else { p / ours };
+            println!("{figure}: {ours:.1} {unit} (peer {p:.1} {unit}; ratio {ratio:.2}x)");
+        }
+        None => println!("{figure}: {ours:.1} {unit}"),
+    }
+}
+
+async fn ingest(targets: &[Target], rounds: usize, quick: bool) {
+    let keys: Vec<Keys> = (0..64).map(|_| Keys::generate()).collect();
+    for conns in [1usize, 16, 256] {
+        let n = if quick { 20_000 } else { 100_000 };
+        let mut results = Vec::new();
+        for t in targets {
+            let mut v = Vec::new();
+            for r in 0..rounds {
+                v.push(ingest_round(&t.url, n, conns, &keys, r).await);
+            }
+            results.push(median(v));
+        }
+        report(&format!("ingest {conns} conn"), results[0], results.get(1).copied(), "events/s", true);
+    }
+}
+
+/// Fills a store for the query figure: `n` events over 1000 authors, kinds
+/// 1/7/9, `p` tags over 1000 pubkeys, `h` tags over 20 channels, a day of
+/// timestamps.
+async fn preload(url: &str, n: usize, channels_owner: &Keys) -> (Vec<Keys>, Vec<String>) {
+    let authors: Vec<Keys> = (0..1000).map(|_| Keys::generate()).collect();
+    let channels: Vec<String> = (0..20).map(|i| format!("bench-{i}")).collect();
+    // Channels (the owner creates them; kind 1 in them needs no membership).
+    let mut ws = connect(url).await;
+    if let Some(v) = next_json(&mut ws).await {
+        if v[0] == "AUTH" {
+            let auth = EventBuilder::new(Kind::Authentication, "")
+                .tags([Tag::custom("relay", [url]), Tag::custom("challenge", [v[1].as_str().unwrap_or_default()])])
+                .finalize(channels_owner)
+                .unwrap();
+            ws.send(Message::Text(json!(["AUTH", auth]).to_string().into())).await.unwrap();
+            let _ = next_json(&mut ws).await;
+        }
+    }
+    for c in &channels {
+        let ev = EventBuilder::new(Kind::from_u16(9007), "").tags([Tag::custom("h", [c.as_str()])]).finalize(channels_owner).unwrap();
+        ws.send(Message::Text(json!(["EVENT", ev]).to_string().into())).await.unwrap();
+        while let Some(v) = next_json(&mut ws).await {
+            if v[0] == "OK" {
+                break;
+            }
+        }
+    }
+    let now = Timestamp::now().as_secs();
+    let pks: Vec<String> = authors.iter().map(|k| k.public_key().to_hex()).collect();
+    let chunk = 50_000;
+    let mut done = 0;
+    while done < n {
+        let m = chunk.min(n - done);
+        let events: Vec<Event> = (done..done + m)
+            .into_par_iter()
+            .map(|i| {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(i as u64);
+                let k = &authors[rng.random_range(0..authors.len())];
+                let kind = *[1u16, 7, 9].choose(&mut rng).unwrap();
+                let mut tags = vec![Tag::custom("p", [pks[rng.random_range(0..pks.len())].as_str()])];
+                if kind != 9 && rng.random_bool(0.5) {
+                    tags.push(Tag::custom("h", [channels[rng.random_range(0..channels.len())].as_str()]));
+                }
+                EventBuilder::new(Kind::from_u16(kind), format!("preload {i}"))
+                    .tags(tags)
+                    .custom_created_at(Timestamp::from_secs(now - rng.random_range(0..86_400)))
+                    .finalize(k)
+                    .unwrap()
+            })
+            .collect();
+        let mut parts: Vec<Vec<Event>> = vec![Vec::new(); 16];
+        for (i, e) in events.into_iter().enumerate() {
+            parts[i % 16].push(e);
+        }
+        let hs: Vec<_> = parts.into_iter().map(|p| tokio::spawn(pump(url.to_string(), p, 256))).collect();
+        for h in hs {
+            h.await.unwrap();
+        }
+        done += m;
+        eprintln!("  preloaded {done}/{n}");
+    }
+    (authors, channels)
+}
+
+/// One REQ, timed from send to EOSE.
+async fn timed_req(ws: &mut Ws, sub: &str, filter: &Value) -> f64 {
+    let start = Instant::now();
+    ws.send(Message::Text(json!(["REQ", sub, filter]).to_string().into())).await.unwrap();
+    while let Some(v) = next_json(ws).await {
+        if (v[0] == "EOSE" || v[0] == "CLOSED") && v[1] == sub {
+            break;
+        }
+    }
+    let ms = start.elapsed().as_secs_f64() * 1000.0;
+    ws.send(Message::Text(json!(["CLOSE", sub]).to_string().into())).await.unwrap();
+    ms
+}
+
+async fn query(targets: &[Target], rounds: usize, quick: bool) {
+    let n = if quick { 50_000 } else { 1_000_000 };
+    let owner = Keys::generate();
+    let mut data = Vec::new();
+    for t in targets {
+        eprintln!("preloading {} events into {}", n, t.name);
+        data.push(preload(&t.url, n, &owner).await);
+    }
+    let now = Timestamp::now().as_secs();
+    let kinds = ["author", "kind", "#p", "#h", "time range"];
+    let per_round = if quick { 200 } else { 1000 };
+    for kind in kinds {
+        let mut rates = Vec::new();
+        let mut p50s = Vec::new();
+        let mut p99s = Vec::new();
+        for (ti, t) in targets.iter().enumerate() {
+            let (authors, channels) = &data[ti];
+            let (mut rate_v, mut p50_v, mut p99_v) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..rounds {
+                let conns = 8;
+                let start = Instant::now();
+                let hs: Vec<_> = (0..conns)
+                    .map(|c| {
+                        let url = t.url.clone();
+                        let authors: Vec<String> = authors.iter().map(|k| k.public_key().to_hex()).collect();
+                        let channels = channels.clone();
+                        tokio::spawn(async move {
+                            let mut ws = connect(&url).await;
+                            let mut rng = rand::rngs::StdRng::seed_from_u64(c as u64);
+                            let mut lat = Vec::new();
+                            for q in 0..per_round / conns {
+                                let f = match kind {
+                                    "author" => json!({"authors": [authors.choose(&mut rng).unwrap()], "limit": 50}),
+                                    "kind" => json!({"kinds": [7], "limit": 50}),
+                                    "#p" => json!({"#p": [authors.choose(&mut rng).unwrap()], "limit": 50}),
+                                    "#h" => json!({"#h": [channels.choose(&mut rng).unwrap()], "limit": 50}),
+                                    _ => {
+                                        let since = now - rng.random_range(3_600..86_400);
+                                        json!({"since": since, "until": since + 600, "limit": 50})
+                                    }
+                                };
+                                lat.push(timed_req(&mut ws, &format!("q{q}"), &f).await);
+                            }
+                            lat
+                        })
+                    })
+                    .collect();
+                let mut lat = Vec::new();
+                for h in hs {
+                    lat.extend(h.await.unwrap());
+                }
+                let secs = start.elapsed().as_secs_f64();
+                lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+                rate_v.push(lat.len() as f64 / secs);
+                p50_v.push(percentile(&lat, 0.5));
+                p99_v.push(percentile(&lat, 0.99));
+            }
+            rates.push(median(rate_v));
+            p50s.push(median(p50_v));
+            p99s.push(median(p99_v));
+        }
+        report(&format!("query {kind} ({n} events)"), rates[0], rates.get(1).copied(), "REQ/s", true);
+        report(&format!("query {kind} p50"), p50s[0], p50s.get(1).copied(), "ms", false);
+        report(&format!("query {kind} p99"), p99s[0], p99s.get(1).copied(), "ms", false);
+    }
+}
+
+async fn fanout(targets: &[Target], rounds: usize, quick: bool) {
+    let subs = if quick { 200 } else { 1000 };
+    let per_round = 10;
+    let mut p50s = Vec::new();
+    let mut p99s = Vec::new();
+    for t in targets {
+        let author = Keys::generate();
+        let filter = json!({"authors": [author.public_key().to_hex()], "limit": 0});
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, Instant)>();
+        let mut ready = Vec::new();
+        for i in 0..subs {
+            let (url, filter, tx) = (t.url.clone(), filter.clone(), tx.clone());
+            let (rtx, rrx) = tokio::sync::oneshot::channel();
+            ready.push(rrx);
+            tokio::spawn(async move {
+                let mut ws = connect(&url).await;
+                ws.send(Message::Text(json!(["REQ", format!("f{i}"), filter]).to_string().into())).await.unwrap();
+                let mut rtx = Some(rtx);
+                while let Some(v) = next_json(&mut ws).await {
+                    if v[0] == "EOSE" {
+                        if let Some(r) = rtx.take() {
+                            let _ = r.send(());
+                        }
+                    } else if v[0] == "EVENT" {
+                        let _ = tx.send((v[2]["id"].as_str().unwrap_or_default().to_string(), Instant::now()));
+                    }
+                }
+            });
+        }
+        for r in ready {
+            let _ = r.await;
+        }
+        let (mut p50_v, mut p99_v) = (Vec::new(), Vec::new());
+        let mut publisher = connect(&t.url).await;
+        for _ in 0..rounds {
+            let mut lat = Vec::new();
+            for j in 0..per_round {
+                let ev = EventBuilder::new(Kind::TextNote, format!("fanout {j} {}", rand::random::<u64>())).finalize(&author).unwrap();
+                let id = ev.id.to_hex();
+                publisher.send(Message::Text(json!(["EVENT", ev]).to_string().into())).await.unwrap();
+                let ok_at = loop {
+                    let v = next_json(&mut publisher).await.expect("publisher answer");
+                    if v[0] == "OK" && v[1] == id.as_str() {
+                        break Instant::now();
+                    }
+                };
+                let mut got = 0;
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while got < subs && Instant::now() < deadline {
+                    match tokio::time::timeout(Duration::from_secs(10), rx.recv()).await {
+                        Ok(Some((eid, at))) if eid == id => {
+                            got += 1;
+                            lat.push(at.saturating_duration_since(ok_at).as_secs_f64() * 1000.0);
+                        }
+                        Ok(Some(_)) => {}
+                        _ => break,
+                    }
+                }
+                assert_eq!(got, subs, "not every subscriber got the event");
+            }
+            lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            p50_v.push(percentile(&lat, 0.5));
+            p99_v.push(percentile(&lat, 0.99));
+        }
+        p50s.push(median(p50_v));
+        p99s.push(median(p99_v));
+    }
+    report(&format!("fanout p50 to {subs} subscribers"), p50s[0], p50s.get(1).copied(), "ms", false);
+    report(&format!("fanout p99 to {subs} subscribers"), p99s[0], p99s.get(1).copied(), "ms", false);
+}
+
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+async fn memory(t: &Target, quick: bool) {
+    let Some(pid) = t.pid else { return };
+    let n = if quick { 2_000 } else { 10_000 };
+    let before = rss_bytes(pid);
+    let mut conns = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut ws = connect(&t.url).await;
+        let _ = next_json(&mut ws).await; // the AUTH challenge: the connection is fully set up
+        conns.push(ws);
+        if i % 1000 == 999 {
+            eprintln!("  {} connections open", i + 1);
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = rss_bytes(pid);
+    println!("memory: {:.0} bytes per idle connection ({n} connections, RSS {:.1} MiB -> {:.1} MiB)",
+        (after.saturating_sub(before)) as f64 / n as f64, before as f64 / 1048576.0, after as f64 / 1048576.0);
+    drop(conns);
+}
+
+/// Deliveries per second through the whole pipeline, and trigger-to-claim
+/// latency, with `agents` simulated agents (wake subscription + NIP-98 claim
+/// by id + finish with a reply) in this process.
+async fn delivery(relay: &Relay, rounds: usize, quick: bool) {
+    use tests::workflow::{on_message, Fixture};
+    let agents_n = if quick { 20 } else { 50 };
+    let messages = if quick { 50 } else { 200 };
+    let mut rates = Vec::new();
+    let (mut p50_v, mut p99_v) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let channel = format!("deliver-{round}");
+        let mut fx = Fixture::new(relay, &channel, agents_n).await;
+        let mentions: Vec<String> = (0..agents_n).map(|i| fx.mention(i)).collect();
+        fx.define(&format!("w{round}"), &on_message(&format!("{} go {{{{trigger.text}}}}", mentions.join(" ")))).await;
+        let total = agents_n * messages;
+        let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, String)>();
+        let http = format!("http://{}", relay.addr);
+        let mut ready = Vec::new();
+        for a in fx.agents.clone() {
+            let (url, http, done_tx, channel) = (relay.ws_url(), http.clone(), done_tx.clone(), channel.clone());
+            let (rtx, rrx) = tokio::sync::oneshot::channel();
+            ready.push(rrx);
+            tokio::spawn(simulated_agent(url, http, a, channel, done_tx, rtx));
+        }
+        for r in ready {
+            let _ = r.await;
+        }
+        // Triggers: messages in the channel; remember when each was acknowledged.
+        let start = Instant::now();
+        let mut sent_at = std::collections::HashMap::new();
+        for i in 0..messages {
+            let text = format!("m{round}-{i}");
+            fx.post(&text).await;
+            sent_at.insert(text, Instant::now());
+        }
+        let mut lat = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while lat.len() < total && Instant::now() < deadline {
+            match tokio::time::timeout(Duration::from_secs(30), done_rx.recv()).await {
+                Ok(Some((claimed_at, text))) => {
+                    if let Some(s) = sent_at.get(&text) {
+                        lat.push(claimed_at.saturating_duration_since(*s).as_secs_f64() * 1000.0);
+                    }
+                }
+                _ => break,
+            }
+        }
+        let secs = start.elapsed().as_secs_f64();
+        assert_eq!(lat.len(), total, "not every delivery was claimed and finished");
+        lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        rates.push(total as f64 / secs);
+        p50_v.push(percentile(&lat, 0.5));
+        p99_v.push(percentile(&lat, 0.99));
+    }
+    println!("delivery: {:.1} deliveries/s end to end ({agents_n} agents)", median(rates));
+    println!("delivery trigger-to-claim p50: {:.1} ms", median(p50_v));
+    println!("delivery trigger-to-claim p99: {:.1} ms", median(p99_v));
+}
+
+async fn simulated_agent(
+    url: String,
+    http: String,
+    keys: Keys,
+    channel: String,
+    done: tokio::sync::mpsc::UnboundedSender<(Instant, String)>,
+    ready: tokio::sync::oneshot::Sender<()>,
+) {
+    let client = reqwest::Client::new();
+    let mut ws = connect(&url).await;
+    let challenge = next_json(&mut ws).await.unwrap()[1].as_str().unwrap_or_default().to_string();
+    let auth = tests::client::auth_event(&keys, &challenge, &url);
+    ws.send(Message::Text(json!(["AUTH", auth]).to_string().into())).await.unwrap();
+    let _ = next_json(&mut ws).await;
+    let me = keys.public_key().to_hex();
+    ws.send(Message::Text(json!(["REQ", "w", {"kinds": [24620], "#p": [me], "limit": 0}]).to_string().into())).await.unwrap();
+    let mut ready = Some(ready);
+    let call = |path: String, body: Value| {
+        let (client, http, keys) = (client.clone(), http.clone(), keys.clone());
+        async move {
+            let url = format!("{http}{path}");
+            let bytes = body.to_string().into_bytes();
+            let auth = protocol::nip98::header(&keys, "POST", &url, &bytes);
+            let r = client.post(&url).header("Authorization", auth).header("Content-Type", "application/json").body(bytes).send().await;
+            match r {
+                Ok(r) => r.json::<Value>().await.unwrap_or(Value::Null),
+                Err(_) => Value::Null,
+            }
+        }
+    };
+    while let Some(v) = next_json(&mut ws).await {
+        if v[0] == "EOSE" {
+            if let Some(r) = ready.take() {
+                let _ = r.send(());
+            }
+            continue;
+        }
+        if v[0] != "EVENT" {
+            continue;
+        }
+        let tag = |name: &str| {
+            v[2]["tags"].as_array().and_then(|ts| ts.iter().find(|t| t[0] == name)).and_then(|t| t[1].as_str()).unwrap_or_default().to_string()
+        };
+        let body = json!({"delivery_id": tag("delivery"), "expected": {"run_id": tag("workflow-run"), "step_id": tag("workflow-step"),
+            "definition_event_id": tag("workflow-definition"), "message_event_id": tag("e"), "channel": tag("h")},
+            "records_operations": true});
+        let claimed = call("/deliveries/claim".into(), body).await;
+        let claimed_at = Instant::now();
+        let d = &claimed["delivery"];
+        if d.is_null() {
+            continue;
+        }
+        let text = d["trigger_context"]["text"].as_str().unwrap_or_default().to_string();
+        let reply = EventBuilder::new(Kind::from_u16(9), "ack")
+            .tags([Tag::custom("h", [channel.as_str()]), Tag::custom("e", [d["message_event_id"].as_str().unwrap_or_default(), "", "root"])])
+            .finalize(&keys)
+            .unwrap();
+        let fin = call(format!("/deliveries/{}/finish", d["id"].as_str().unwrap_or_default()),
+            json!({"claim_token": d["claim_token"], "outcome": "delivered", "reply": reply})).await;
+        if fin["status"] == "delivered" {
+            let _ = done.send((claimed_at, text));
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    let rounds = args.rounds.unwrap_or(if args.quick { 3 } else { 5 });
+    let backend = match args.backend.as_str() {
+        "postgres" => Backend::Postgres(Arc::new(tests::pg::PgServer::start().expect("PostgreSQL"))),
+        _ => Backend::Sqlite,
+    };
+    let relay = Relay::start_opts(&backend, RelayOptions { config_toml: BENCH_TOML.into(), ..Default::default() });
+    println!(
+        "bench backend={} quick={} rounds={rounds} cpus={} date={}",
+        args.backend,
+        args.quick,
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        String::from_utf8_lossy(&std::process::Command::new("date").arg("-u").arg("+%F").output().unwrap().stdout).trim()
+    );
+    let mut targets = vec![Target { name: "ours", url: relay.ws_url(), pid: relay.pid() }];
+    if let Some(p) = &args.peer {
+        targets.push(Target { name: "peer", url: p.clone(), pid: None });
+    }
+    let only: Vec<&str> = args.only.split(',').collect();
+    if only.contains(&"ingest") {
+        ingest(&targets, rounds, args.quick).await;
+    }
+    if only.contains(&"fanout") {
+        fanout(&targets, rounds, args.quick).await;
+    }
+    if only.contains(&"delivery") {
+        delivery(&relay, rounds, args.quick).await;
+    }
+    if only.contains(&"query") {
+        query(&targets, rounds, args.quick).await;
+    }
+    if only.contains(&"memory") {
+        // A fresh relay process, so that RSS is not what the other figures left.
+        let fresh = Relay::start_opts(&backend, RelayOptions { config_toml: BENCH_TOML.into(), ..Default::default() });
+        let t = Target { name: "ours", url: fresh.ws_url(), pid: fresh.pid() };
+        memory(&t, args.quick).await;
+    }
+}
