@@ -11,6 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::ws::{Message, WebSocket};
+use futures_util::future::BoxFuture;
+use futures_util::stream::FuturesOrdered;
 use futures_util::StreamExt;
 use nostr::prelude::{Event, Filter, MatchEventOptions, PublicKey, SingleLetterTag, Timestamp};
 use protocol::kinds::{self, Storage};
@@ -54,7 +56,22 @@ struct Conn {
     subs: HashMap<String, Subscription>,
     bucket: TokenBucket,
     out: Outbound,
+    /// EVENTs being verified (concurrently), answered in arrival order.
+    verifying: FuturesOrdered<BoxFuture<'static, Verified>>,
+    /// Verified EVENTs queued for the store's batch writer, in arrival order.
+    storing: FuturesOrdered<BoxFuture<'static, Stored>>,
 }
+
+type Verified = (Arc<Event>, Arc<str>, Result<(), verify::VerifyError>);
+type Stored = (
+    Arc<Event>,
+    Arc<str>,
+    Result<InsertOutcome, crate::store::StoreError>,
+);
+
+/// EVENTs of one connection in flight (verifying or being stored) at most;
+/// beyond, the connection is not read until some are answered.
+const MAX_INFLIGHT_EVENTS: usize = 256;
 
 /// Why the connection loop stops.
 enum Stop {
@@ -82,6 +99,8 @@ pub async fn run(socket: WebSocket, state: Arc<AppState>, community: Arc<Communi
         authed: None,
         subs: HashMap::new(),
         out,
+        verifying: FuturesOrdered::new(),
+        storing: FuturesOrdered::new(),
     };
     let shutdown = state.shutdown.clone();
     let _ = conn.out.text(json!(["AUTH", conn.challenge]).to_string());
@@ -94,7 +113,11 @@ pub async fn run(socket: WebSocket, state: Arc<AppState>, community: Arc<Communi
                 break;
             }
             _ = conn.out.failed() => break,
-            msg = stream.next() => match msg {
+            Some(done) = conn.storing.next(), if !conn.storing.is_empty() => conn.after_store(done).map(|_| true),
+            Some(checked) = conn.verifying.next(), if !conn.verifying.is_empty() => {
+                conn.after_verify(checked).await.map(|_| true)
+            }
+            msg = stream.next(), if conn.verifying.len() + conn.storing.len() < MAX_INFLIGHT_EVENTS => match msg {
                 None | Some(Ok(Message::Close(_))) => Ok(false),
                 Some(Err(e)) => {
                     if is_capacity_error(&e) {
@@ -245,6 +268,9 @@ impl Conn {
         Ok(())
     }
 
+    /// An EVENT: cheap checks now, then verification (off the executor,
+    /// concurrently with later events), then [`Conn::after_verify`] in
+    /// arrival order.
     async fn on_event(&mut self, event: Arc<Event>) -> Result<(), Stop> {
         let id = event.id.to_hex();
         if !self.bucket.try_take() {
@@ -258,7 +284,45 @@ impl Conn {
         if let Err(msg) = self.check_shape(&event, raw.len()) {
             return Ok(self.ok(&id, false, &msg)?);
         }
-        if let Err(e) = verify::verify(event.clone()).await {
+        self.verifying.push_back(Box::pin(async move {
+            let r = verify::verify(event.clone()).await;
+            (event, raw, r)
+        }));
+        Ok(())
+    }
+
+    /// Waits for every queued store of this connection to be answered, so
+    /// that what comes next is decided after them (arrival order).
+    async fn drain_storing(&mut self) -> Result<(), Stop> {
+        while let Some(done) = self.storing.next().await {
+            self.after_store(done)?;
+        }
+        Ok(())
+    }
+
+    /// Answers a stored (or refused) event and announces it.
+    fn after_store(&mut self, (event, raw, result): Stored) -> Result<(), Stop> {
+        let id = event.id.to_hex();
+        let community = self.community.id.clone();
+        match result {
+            Ok(InsertOutcome::Stored) => {
+                self.state.publish(&community, event, raw);
+                self.ok(&id, true, "")?;
+            }
+            Ok(InsertOutcome::Duplicate) => self.ok(&id, true, "duplicate: already have this event")?,
+            Ok(InsertOutcome::Rejected(msg)) => self.ok(&id, false, &msg)?,
+            Err(e) => {
+                tracing::error!(community = %community, error = %e, "storing event failed");
+                self.ok(&id, false, "error: the event could not be stored; try again")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The rest of an EVENT, once verified, in arrival order.
+    async fn after_verify(&mut self, (event, raw, verified): Verified) -> Result<(), Stop> {
+        let id = event.id.to_hex();
+        if let Err(e) = verified {
             return Ok(self.ok(&id, false, e.message())?);
         }
         if event.is_expired_at(Timestamp::from_secs(unix_now())) {
@@ -286,6 +350,26 @@ impl Conn {
                 Some(_) => {}
             }
         }
+        let plain = channels::h_tag(&event).is_none()
+            && event.kind.as_u16() != channels::CREATE_GROUP
+            && kinds::storage_of(event.kind.as_u16()) != Storage::Ephemeral
+            && !(event.kind.as_u16() == 0 && event.tags.iter().any(|t| t.kind() == protocol::nip_oa::TAG));
+        if plain {
+            let rx = self
+                .state
+                .store
+                .enqueue_insert(&self.community.id, event.clone(), raw.clone())
+                .await;
+            self.storing.push_back(Box::pin(async move {
+                let r = rx
+                    .await
+                    .unwrap_or_else(|_| Err(crate::store::StoreError::Batch("writer dropped".into())));
+                (event, raw, r)
+            }));
+            return Ok(());
+        }
+        // Everything else is decided after this connection's earlier events.
+        self.drain_storing().await?;
         if channels::h_tag(&event).is_some() || event.kind.as_u16() == channels::CREATE_GROUP {
             return self.on_channel_event(event, raw).await;
         }
@@ -312,19 +396,7 @@ impl Conn {
             }
             Ok(_) => self.state.store.insert_event(&community, &event, &raw).await,
         };
-        match stored {
-            Ok(InsertOutcome::Stored) => {
-                self.state.publish(&community, event, raw);
-                self.ok(&id, true, "")?;
-            }
-            Ok(InsertOutcome::Duplicate) => self.ok(&id, true, "duplicate: already have this event")?,
-            Ok(InsertOutcome::Rejected(msg)) => self.ok(&id, false, &msg)?,
-            Err(e) => {
-                tracing::error!(community = %community, error = %e, "storing event failed");
-                self.ok(&id, false, "error: the event could not be stored; try again")?;
-            }
-        }
-        Ok(())
+        self.after_store((event, raw, stored))
     }
 
     /// An `h`-tagged event, or a channel creation (NIP-29).

@@ -29,7 +29,9 @@ pub fn workspace_bin(name: &str) -> PathBuf {
         // The relay, the agent, and the tests' own helper binaries (the small
         // ACP agent, chaos, bench). Debug builds (tests, the crash campaign)
         // carry the test-only fault hooks; release builds (benchmarks) do not.
-        cmd.args(["build", "--quiet", "--bins", "-p", "relay", "-p", "agent", "-p", "tests"]);
+        cmd.args([
+            "build", "--quiet", "--bins", "-p", "relay", "-p", "agent", "-p", "tests",
+        ]);
         if profile_dir().ends_with("release") {
             cmd.arg("--release");
         } else {

@@ -5,6 +5,8 @@
 //! accept; the few real differences (clock expression, locking, `SKIP
 //! LOCKED`) are asked of [`Dialect`]. Rows come back as neutral [`Row`]s.
 
+use std::sync::Arc;
+
 use sqlx::postgres::{PgArguments, PgPool, PgRow};
 use sqlx::sqlite::{SqliteArguments, SqlitePool, SqliteRow};
 use sqlx::{Arguments, Database, Decode, Encode, Postgres, Sqlite, Transaction, Type, ValueRef};
@@ -15,13 +17,19 @@ use super::StoreError;
 /// A connection pool of either backend.
 #[derive(Clone, Debug)]
 pub enum Pool {
-    Sqlite(SqlitePool),
+    /// SQLite, with the gate every write transaction of this process passes
+    /// (one writer at a time here means no writer ever sleeps in SQLite's
+    /// busy handler waiting for another of ours).
+    Sqlite(SqlitePool, Arc<tokio::sync::Mutex<()>>),
     Postgres(PgPool),
 }
 
 /// An open transaction of either backend.
 pub enum Tx {
-    Sqlite(Transaction<'static, Sqlite>),
+    Sqlite(
+        Transaction<'static, Sqlite>,
+        Option<tokio::sync::OwnedMutexGuard<()>>,
+    ),
     Postgres(Transaction<'static, Postgres>),
 }
 
@@ -266,7 +274,7 @@ macro_rules! dispatch {
     ($self:expr, $conn:ident, $q:expr, $method:ident, $conv:ident) => {{
         let q: Q = $q;
         match $self {
-            Tx::Sqlite(tx) => {
+            Tx::Sqlite(tx, _) => {
                 let args = sqlite_args(q.binds)?;
                 let r = sqlx::query_with(sqlx::AssertSqlSafe(q.sql), args)
                     .$method(&mut **tx)
@@ -303,7 +311,7 @@ macro_rules! conv_all {
 impl Tx {
     pub fn dialect(&self) -> Dialect {
         match self {
-            Tx::Sqlite(_) => Dialect::Sqlite,
+            Tx::Sqlite(..) => Dialect::Sqlite,
             Tx::Postgres(_) => Dialect::Postgres,
         }
     }
@@ -350,7 +358,7 @@ impl Tx {
 
     pub async fn commit(self) -> Result<(), StoreError> {
         match self {
-            Tx::Sqlite(tx) => tx.commit().await?,
+            Tx::Sqlite(tx, _) => tx.commit().await?,
             Tx::Postgres(tx) => tx.commit().await?,
         }
         Ok(())
@@ -360,7 +368,7 @@ impl Tx {
 impl Pool {
     pub fn dialect(&self) -> Dialect {
         match self {
-            Pool::Sqlite(_) => Dialect::Sqlite,
+            Pool::Sqlite(..) => Dialect::Sqlite,
             Pool::Postgres(_) => Dialect::Postgres,
         }
     }
@@ -370,7 +378,10 @@ impl Pool {
     /// (whose callers take row or advisory locks as they need).
     pub async fn begin(&self) -> Result<Tx, StoreError> {
         Ok(match self {
-            Pool::Sqlite(p) => Tx::Sqlite(p.begin_with("BEGIN IMMEDIATE").await?),
+            Pool::Sqlite(p, gate) => {
+                let guard = gate.clone().lock_owned().await;
+                Tx::Sqlite(p.begin_with("BEGIN IMMEDIATE").await?, Some(guard))
+            }
             Pool::Postgres(p) => Tx::Postgres(p.begin().await?),
         })
     }
@@ -379,7 +390,7 @@ impl Pool {
     /// on SQLite a deferred transaction, which takes no write lock).
     pub async fn read(&self) -> Result<Tx, StoreError> {
         Ok(match self {
-            Pool::Sqlite(p) => Tx::Sqlite(p.begin().await?),
+            Pool::Sqlite(p, _) => Tx::Sqlite(p.begin().await?, None),
             Pool::Postgres(p) => Tx::Postgres(p.begin().await?),
         })
     }
@@ -387,7 +398,7 @@ impl Pool {
     /// A read: every row of one statement, outside any write transaction.
     pub async fn all(&self, q: Q) -> Result<Vec<Row>, StoreError> {
         match self {
-            Pool::Sqlite(p) => {
+            Pool::Sqlite(p, _) => {
                 let rows = sqlx::query_with(sqlx::AssertSqlSafe(q.sql), sqlite_args(q.binds)?)
                     .fetch_all(p)
                     .await?;
@@ -410,10 +421,13 @@ impl Pool {
     /// A statement outside any explicit transaction.
     pub async fn exec(&self, q: Q) -> Result<u64, StoreError> {
         Ok(match self {
-            Pool::Sqlite(p) => sqlx::query_with(sqlx::AssertSqlSafe(q.sql), sqlite_args(q.binds)?)
-                .execute(p)
-                .await?
-                .rows_affected(),
+            Pool::Sqlite(p, gate) => {
+                let _guard = gate.lock().await;
+                sqlx::query_with(sqlx::AssertSqlSafe(q.sql), sqlite_args(q.binds)?)
+                    .execute(p)
+                    .await?
+                    .rows_affected()
+            }
             Pool::Postgres(p) => sqlx::query_with(sqlx::AssertSqlSafe(q.sql), pg_args(q.binds)?)
                 .execute(p)
                 .await?
@@ -423,7 +437,7 @@ impl Pool {
 
     pub async fn close(&self) {
         match self {
-            Pool::Sqlite(p) => p.close().await,
+            Pool::Sqlite(p, _) => p.close().await,
             Pool::Postgres(p) => p.close().await,
         }
     }

@@ -95,6 +95,9 @@ pub enum StoreError {
     Corrupt(String),
     #[error("injected fault at {0}")]
     Injected(String),
+    /// A batched write failed as a whole (the cause, as text).
+    #[error("batched write failed: {0}")]
+    Batch(String),
 }
 
 pub use api::WorkflowStore;
@@ -116,6 +119,17 @@ pub trait Store: WorkflowStore + Send + Sync + 'static {
 
     /// All communities, by id.
     async fn list_communities(&self) -> Result<Vec<CommunityRecord>, StoreError>;
+
+    /// Queues a verified event for storage under the NIP-01/09/40 rules,
+    /// in one of the batched transactions of the store's writer (in queue
+    /// order, so one connection's events keep their order). The receiver
+    /// yields the outcome once the batch committed.
+    async fn enqueue_insert(
+        &self,
+        community: &str,
+        event: std::sync::Arc<Event>,
+        raw: std::sync::Arc<str>,
+    ) -> tokio::sync::oneshot::Receiver<Result<InsertOutcome, StoreError>>;
 
     /// Stores a verified event under the NIP-01/09/40 rules.
     async fn insert_event(
@@ -211,7 +225,7 @@ pub async fn open(cfg: &crate::config::Config) -> Result<std::sync::Arc<dyn Stor
     let url = cfg.database_url.as_str();
     let ahead = cfg.postgres.partition_months_ahead;
     if url.starts_with("sqlite:") {
-        let pool = db::Pool::Sqlite(sqlite::open(url, &cfg.sqlite).await?);
+        let pool = db::Pool::Sqlite(sqlite::open(url, &cfg.sqlite).await?, Default::default());
         Ok(std::sync::Arc::new(sqlstore::SqlStore::new(pool, ahead)))
     } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
         let pool = db::Pool::Postgres(postgres::open(url, &cfg.postgres).await?);

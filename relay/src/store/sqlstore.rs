@@ -4,10 +4,13 @@
 //! between SQLite and PostgreSQL (opening, partitions, cross-process
 //! fan-out) lives in `sqlite.rs` and `postgres.rs`.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use nostr::prelude::{Event, Filter, Keys, PublicKey};
 use protocol::nip_oa::Attestation;
 use tokio::sync::mpsc;
+use tokio::sync::oneshot;
 
 use super::db::{Pool, Tx, Q};
 use super::sql::{self, value_hash, Dialect};
@@ -23,14 +26,33 @@ pub struct SqlStore {
     /// Identifies this process in cross-process announcements (PostgreSQL).
     origin: String,
     partition_months_ahead: u32,
+    /// The batch writer's queue.
+    writer: mpsc::Sender<InsertRequest>,
 }
+
+/// An event waiting for the batch writer.
+struct InsertRequest {
+    community: String,
+    event: Arc<Event>,
+    raw: Arc<str>,
+    reply: oneshot::Sender<Result<InsertOutcome, StoreError>>,
+}
+
+/// Events queued for the writer, at most (senders wait beyond: backpressure).
+const WRITER_QUEUE: usize = 8_192;
+/// Events in one write transaction, at most.
+const MAX_BATCH: usize = 512;
 
 impl SqlStore {
     pub fn new(pool: Pool, partition_months_ahead: u32) -> Self {
+        let origin = hex::encode(rand::random::<[u8; 8]>());
+        let (tx, rx) = mpsc::channel(WRITER_QUEUE);
+        tokio::spawn(batch_writer(pool.clone(), origin.clone(), rx));
         Self {
             pool,
-            origin: hex::encode(rand::random::<[u8; 8]>()),
+            origin,
             partition_months_ahead,
+            writer: tx,
         }
     }
 
@@ -89,26 +111,28 @@ pub(crate) async fn insert_event_tx(
     // Every rule below is about one author's events: serialise per author.
     tx.lock(&format!("{community}:{}", event.pubkey.to_hex())).await?;
 
-    let exists = Q::new("SELECT 1 FROM events WHERE community_id = $1 AND created_at = $2 AND id = $3")
-        .bind(community)
-        .bind(created_at)
-        .bind(id.clone());
-    if tx.exists(exists).await? {
-        return Ok(InsertOutcome::Duplicate);
-    }
-
-    // NIP-09: an event its author deleted stays deleted.
+    // One round trip: already stored? deleted by its author (NIP-09: an
+    // event its author deleted stays deleted)?
     let address = d_tag.as_ref().map(|d| address_key(event.kind.as_u16(), d));
-    let deleted = Q::new(
-        "SELECT 1 FROM deletions WHERE community_id = $1 AND pubkey = $2 \
-         AND (target = $3 OR (target = $4 AND deleted_until >= $5)) LIMIT 1",
+    let checks = Q::new(
+        "SELECT EXISTS (SELECT 1 FROM events WHERE community_id = $1 AND created_at = $2 AND id = $3), \
+         EXISTS (SELECT 1 FROM deletions WHERE community_id = $1 AND pubkey = $4 \
+         AND (target = $5 OR (target = $6 AND deleted_until >= $2)))",
     )
     .bind(community)
+    .bind(created_at)
+    .bind(id.clone())
     .bind(pubkey.clone())
     .bind(event.id.to_hex())
-    .bind(address.unwrap_or_default())
-    .bind(created_at);
-    if tx.exists(deleted).await? {
+    .bind(address.unwrap_or_default());
+    let row = tx
+        .one(checks)
+        .await?
+        .ok_or_else(|| StoreError::Corrupt("no row from checks".into()))?;
+    if row.bool(0)? {
+        return Ok(InsertOutcome::Duplicate);
+    }
+    if row.bool(1)? {
         return Ok(InsertOutcome::Rejected(
             "blocked: this event was deleted by its author".into(),
         ));
@@ -164,21 +188,37 @@ pub(crate) async fn insert_event_tx(
         .bind(raw),
     )
     .await?;
-    for (name, value) in indexed_tags(event) {
-        let hash = value_hash(&value).to_vec();
-        tx.exec(
-            Q::new(
-                "INSERT INTO event_tags (community_id, event_created_at, event_id, name, value, value_hash) \
-                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
-            )
-            .bind(community)
-            .bind(created_at)
-            .bind(id.clone())
-            .bind(name)
-            .bind(value)
-            .bind(hash),
-        )
-        .await?;
+    // Tags in few statements (at most 500 rows of 6 binds each, well under
+    // both backends' bind limits).
+    for chunk in indexed_tags(event).chunks(500) {
+        let mut q = Q::new(
+            "INSERT INTO event_tags (community_id, event_created_at, event_id, name, value, value_hash) VALUES ",
+        );
+        for (i, (name, value)) in chunk.iter().enumerate() {
+            let n = i * 6;
+            if i > 0 {
+                q.sql.push(',');
+            }
+            q.sql.push_str(&format!(
+                "(${}, ${}, ${}, ${}, ${}, ${})",
+                n + 1,
+                n + 2,
+                n + 3,
+                n + 4,
+                n + 5,
+                n + 6
+            ));
+            let hash = value_hash(value).to_vec();
+            q = q
+                .bind(community)
+                .bind(created_at)
+                .bind(id.clone())
+                .bind(name.as_str())
+                .bind(value.as_str())
+                .bind(hash);
+        }
+        q.sql.push_str(" ON CONFLICT DO NOTHING");
+        tx.exec(q).await?;
     }
 
     if event.kind.as_u16() == protocol::kinds::DELETION {
@@ -248,6 +288,67 @@ async fn apply_deletion(
         .await?;
     }
     Ok(())
+}
+
+/// Group commit: takes what is queued (up to `MAX_BATCH`) and stores it in
+/// one transaction, in queue order, then answers each request. Every
+/// refusal of `insert_event_tx` happens before it writes anything, so one
+/// refused event never leaves a trace in the batch; a storage error fails
+/// the whole batch (and each request with it: nothing was acknowledged).
+async fn batch_writer(pool: Pool, origin: String, mut rx: mpsc::Receiver<InsertRequest>) {
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(r) => batch.push(r),
+                Err(_) => break,
+            }
+        }
+        match write_batch(&pool, &origin, &batch).await {
+            Ok(outcomes) => {
+                for (req, outcome) in batch.into_iter().zip(outcomes) {
+                    let _ = req.reply.send(Ok(outcome));
+                }
+            }
+            Err(e) => {
+                let text = e.to_string();
+                for req in batch {
+                    let _ = req.reply.send(Err(StoreError::Batch(text.clone())));
+                }
+            }
+        }
+    }
+}
+
+async fn write_batch(
+    pool: &Pool,
+    origin: &str,
+    batch: &[InsertRequest],
+) -> Result<Vec<InsertOutcome>, StoreError> {
+    let mut tx = pool.begin().await?;
+    if tx.dialect() == Dialect::Postgres {
+        // Take every author lock up front, in one order, so that batches of
+        // several processes never wait on each other in a cycle.
+        let mut keys: Vec<String> = batch
+            .iter()
+            .map(|r| format!("{}:{}", r.community, r.event.pubkey.to_hex()))
+            .collect();
+        keys.sort();
+        keys.dedup();
+        for k in &keys {
+            tx.lock(k).await?;
+        }
+    }
+    let mut outcomes = Vec::with_capacity(batch.len());
+    for r in batch {
+        let outcome = insert_event_tx(&mut tx, &r.community, &r.event, &r.raw, None).await?;
+        if outcome == InsertOutcome::Stored && tx.dialect() == Dialect::Postgres {
+            super::postgres::notify(&mut tx, origin, &r.community, &r.raw).await?;
+        }
+        outcomes.push(outcome);
+    }
+    tx.commit().await?;
+    Ok(outcomes)
 }
 
 fn stored(rows: Vec<super::db::Row>) -> Result<Vec<StoredEvent>, StoreError> {
@@ -328,6 +429,27 @@ impl Store for SqlStore {
             "SELECT id, relay_url, secret_key_hex FROM communities ORDER BY id",
         ))
         .await
+    }
+
+    async fn enqueue_insert(
+        &self,
+        community: &str,
+        event: Arc<Event>,
+        raw: Arc<str>,
+    ) -> oneshot::Receiver<Result<InsertOutcome, StoreError>> {
+        let (reply, rx) = oneshot::channel();
+        let req = InsertRequest {
+            community: community.to_string(),
+            event,
+            raw,
+            reply,
+        };
+        if let Err(mpsc::error::SendError(req)) = self.writer.send(req).await {
+            let _ = req
+                .reply
+                .send(Err(StoreError::Batch("the writer stopped".into())));
+        }
+        rx
     }
 
     async fn insert_event(
@@ -454,7 +576,7 @@ impl Store for SqlStore {
             Pool::Postgres(p) => Ok(Some(
                 super::postgres::listen(p, self.origin.clone(), capacity).await?,
             )),
-            Pool::Sqlite(_) => Ok(None),
+            Pool::Sqlite(..) => Ok(None),
         }
     }
 

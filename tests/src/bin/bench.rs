@@ -17,8 +17,8 @@ use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
 use serde_json::{json, Value};
-use tokio_tungstenite::tungstenite::Message;
 use tests::{Backend, Relay, RelayOptions};
+use tokio_tungstenite::tungstenite::Message;
 
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Relay benchmarks")]
@@ -114,13 +114,20 @@ async fn pump(url: String, events: Vec<Event>, window: usize) -> usize {
 
 /// Events per second accepted from `conns` connections.
 async fn ingest_round(url: &str, n: usize, conns: usize, keys: &[Keys], round: usize) -> f64 {
-    let events = presign(n, keys, &format!("ingest-{conns}-{round}-{}", rand::random::<u32>()));
+    let events = presign(
+        n,
+        keys,
+        &format!("ingest-{conns}-{round}-{}", rand::random::<u32>()),
+    );
     let mut parts: Vec<Vec<Event>> = vec![Vec::new(); conns];
     for (i, e) in events.into_iter().enumerate() {
         parts[i % conns].push(e);
     }
     let start = Instant::now();
-    let handles: Vec<_> = parts.into_iter().map(|p| tokio::spawn(pump(url.to_string(), p, 256))).collect();
+    let handles: Vec<_> = parts
+        .into_iter()
+        .map(|p| tokio::spawn(pump(url.to_string(), p, 256)))
+        .collect();
     let mut accepted = 0;
     for h in handles {
         accepted += h.await.expect("pump");
@@ -159,7 +166,13 @@ async fn ingest(targets: &[Target], rounds: usize, quick: bool) {
             }
             results.push(median(v));
         }
-        report(&format!("ingest {conns} conn"), results[0], results.get(1).copied(), "events/s", true);
+        report(
+            &format!("ingest {conns} conn"),
+            results[0],
+            results.get(1).copied(),
+            "events/s",
+            true,
+        );
     }
 }
 
@@ -174,16 +187,26 @@ async fn preload(url: &str, n: usize, channels_owner: &Keys) -> (Vec<Keys>, Vec<
     if let Some(v) = next_json(&mut ws).await {
         if v[0] == "AUTH" {
             let auth = EventBuilder::new(Kind::Authentication, "")
-                .tags([Tag::custom("relay", [url]), Tag::custom("challenge", [v[1].as_str().unwrap_or_default()])])
+                .tags([
+                    Tag::custom("relay", [url]),
+                    Tag::custom("challenge", [v[1].as_str().unwrap_or_default()]),
+                ])
                 .finalize(channels_owner)
                 .unwrap();
-            ws.send(Message::Text(json!(["AUTH", auth]).to_string().into())).await.unwrap();
+            ws.send(Message::Text(json!(["AUTH", auth]).to_string().into()))
+                .await
+                .unwrap();
             let _ = next_json(&mut ws).await;
         }
     }
     for c in &channels {
-        let ev = EventBuilder::new(Kind::from_u16(9007), "").tags([Tag::custom("h", [c.as_str()])]).finalize(channels_owner).unwrap();
-        ws.send(Message::Text(json!(["EVENT", ev]).to_string().into())).await.unwrap();
+        let ev = EventBuilder::new(Kind::from_u16(9007), "")
+            .tags([Tag::custom("h", [c.as_str()])])
+            .finalize(channels_owner)
+            .unwrap();
+        ws.send(Message::Text(json!(["EVENT", ev]).to_string().into()))
+            .await
+            .unwrap();
         while let Some(v) = next_json(&mut ws).await {
             if v[0] == "OK" {
                 break;
@@ -204,7 +227,10 @@ async fn preload(url: &str, n: usize, channels_owner: &Keys) -> (Vec<Keys>, Vec<
                 let kind = *[1u16, 7, 9].choose(&mut rng).unwrap();
                 let mut tags = vec![Tag::custom("p", [pks[rng.random_range(0..pks.len())].as_str()])];
                 if kind != 9 && rng.random_bool(0.5) {
-                    tags.push(Tag::custom("h", [channels[rng.random_range(0..channels.len())].as_str()]));
+                    tags.push(Tag::custom(
+                        "h",
+                        [channels[rng.random_range(0..channels.len())].as_str()],
+                    ));
                 }
                 EventBuilder::new(Kind::from_u16(kind), format!("preload {i}"))
                     .tags(tags)
@@ -217,7 +243,10 @@ async fn preload(url: &str, n: usize, channels_owner: &Keys) -> (Vec<Keys>, Vec<
         for (i, e) in events.into_iter().enumerate() {
             parts[i % 16].push(e);
         }
-        let hs: Vec<_> = parts.into_iter().map(|p| tokio::spawn(pump(url.to_string(), p, 256))).collect();
+        let hs: Vec<_> = parts
+            .into_iter()
+            .map(|p| tokio::spawn(pump(url.to_string(), p, 256)))
+            .collect();
         for h in hs {
             h.await.unwrap();
         }
@@ -230,14 +259,18 @@ async fn preload(url: &str, n: usize, channels_owner: &Keys) -> (Vec<Keys>, Vec<
 /// One REQ, timed from send to EOSE.
 async fn timed_req(ws: &mut Ws, sub: &str, filter: &Value) -> f64 {
     let start = Instant::now();
-    ws.send(Message::Text(json!(["REQ", sub, filter]).to_string().into())).await.unwrap();
+    ws.send(Message::Text(json!(["REQ", sub, filter]).to_string().into()))
+        .await
+        .unwrap();
     while let Some(v) = next_json(ws).await {
         if (v[0] == "EOSE" || v[0] == "CLOSED") && v[1] == sub {
             break;
         }
     }
     let ms = start.elapsed().as_secs_f64() * 1000.0;
-    ws.send(Message::Text(json!(["CLOSE", sub]).to_string().into())).await.unwrap();
+    ws.send(Message::Text(json!(["CLOSE", sub]).to_string().into()))
+        .await
+        .unwrap();
     ms
 }
 
@@ -273,7 +306,9 @@ async fn query(targets: &[Target], rounds: usize, quick: bool) {
                             let mut lat = Vec::new();
                             for q in 0..per_round / conns {
                                 let f = match kind {
-                                    "author" => json!({"authors": [authors.choose(&mut rng).unwrap()], "limit": 50}),
+                                    "author" => {
+                                        json!({"authors": [authors.choose(&mut rng).unwrap()], "limit": 50})
+                                    }
                                     "kind" => json!({"kinds": [7], "limit": 50}),
                                     "#p" => json!({"#p": [authors.choose(&mut rng).unwrap()], "limit": 50}),
                                     "#h" => json!({"#h": [channels.choose(&mut rng).unwrap()], "limit": 50}),
@@ -302,9 +337,27 @@ async fn query(targets: &[Target], rounds: usize, quick: bool) {
             p50s.push(median(p50_v));
             p99s.push(median(p99_v));
         }
-        report(&format!("query {kind} ({n} events)"), rates[0], rates.get(1).copied(), "REQ/s", true);
-        report(&format!("query {kind} p50"), p50s[0], p50s.get(1).copied(), "ms", false);
-        report(&format!("query {kind} p99"), p99s[0], p99s.get(1).copied(), "ms", false);
+        report(
+            &format!("query {kind} ({n} events)"),
+            rates[0],
+            rates.get(1).copied(),
+            "REQ/s",
+            true,
+        );
+        report(
+            &format!("query {kind} p50"),
+            p50s[0],
+            p50s.get(1).copied(),
+            "ms",
+            false,
+        );
+        report(
+            &format!("query {kind} p99"),
+            p99s[0],
+            p99s.get(1).copied(),
+            "ms",
+            false,
+        );
     }
 }
 
@@ -324,7 +377,11 @@ async fn fanout(targets: &[Target], rounds: usize, quick: bool) {
             ready.push(rrx);
             tokio::spawn(async move {
                 let mut ws = connect(&url).await;
-                ws.send(Message::Text(json!(["REQ", format!("f{i}"), filter]).to_string().into())).await.unwrap();
+                ws.send(Message::Text(
+                    json!(["REQ", format!("f{i}"), filter]).to_string().into(),
+                ))
+                .await
+                .unwrap();
                 let mut rtx = Some(rtx);
                 while let Some(v) = next_json(&mut ws).await {
                     if v[0] == "EOSE" {
@@ -332,7 +389,10 @@ async fn fanout(targets: &[Target], rounds: usize, quick: bool) {
                             let _ = r.send(());
                         }
                     } else if v[0] == "EVENT" {
-                        let _ = tx.send((v[2]["id"].as_str().unwrap_or_default().to_string(), Instant::now()));
+                        let _ = tx.send((
+                            v[2]["id"].as_str().unwrap_or_default().to_string(),
+                            Instant::now(),
+                        ));
                     }
                 }
             });
@@ -345,9 +405,14 @@ async fn fanout(targets: &[Target], rounds: usize, quick: bool) {
         for _ in 0..rounds {
             let mut lat = Vec::new();
             for j in 0..per_round {
-                let ev = EventBuilder::new(Kind::TextNote, format!("fanout {j} {}", rand::random::<u64>())).finalize(&author).unwrap();
+                let ev = EventBuilder::new(Kind::TextNote, format!("fanout {j} {}", rand::random::<u64>()))
+                    .finalize(&author)
+                    .unwrap();
                 let id = ev.id.to_hex();
-                publisher.send(Message::Text(json!(["EVENT", ev]).to_string().into())).await.unwrap();
+                publisher
+                    .send(Message::Text(json!(["EVENT", ev]).to_string().into()))
+                    .await
+                    .unwrap();
                 let ok_at = loop {
                     let v = next_json(&mut publisher).await.expect("publisher answer");
                     if v[0] == "OK" && v[1] == id.as_str() {
@@ -375,8 +440,20 @@ async fn fanout(targets: &[Target], rounds: usize, quick: bool) {
         p50s.push(median(p50_v));
         p99s.push(median(p99_v));
     }
-    report(&format!("fanout p50 to {subs} subscribers"), p50s[0], p50s.get(1).copied(), "ms", false);
-    report(&format!("fanout p99 to {subs} subscribers"), p99s[0], p99s.get(1).copied(), "ms", false);
+    report(
+        &format!("fanout p50 to {subs} subscribers"),
+        p50s[0],
+        p50s.get(1).copied(),
+        "ms",
+        false,
+    );
+    report(
+        &format!("fanout p99 to {subs} subscribers"),
+        p99s[0],
+        p99s.get(1).copied(),
+        "ms",
+        false,
+    );
 }
 
 fn rss_bytes(pid: u32) -> u64 {
@@ -404,8 +481,12 @@ async fn memory(t: &Target, quick: bool) {
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after = rss_bytes(pid);
-    println!("memory: {:.0} bytes per idle connection ({n} connections, RSS {:.1} MiB -> {:.1} MiB)",
-        (after.saturating_sub(before)) as f64 / n as f64, before as f64 / 1048576.0, after as f64 / 1048576.0);
+    println!(
+        "memory: {:.0} bytes per idle connection ({n} connections, RSS {:.1} MiB -> {:.1} MiB)",
+        (after.saturating_sub(before)) as f64 / n as f64,
+        before as f64 / 1048576.0,
+        after as f64 / 1048576.0
+    );
     drop(conns);
 }
 
@@ -422,13 +503,18 @@ async fn delivery(relay: &Relay, rounds: usize, quick: bool) {
         let channel = format!("deliver-{round}");
         let mut fx = Fixture::new(relay, &channel, agents_n).await;
         let mentions: Vec<String> = (0..agents_n).map(|i| fx.mention(i)).collect();
-        fx.define(&format!("w{round}"), &on_message(&format!("{} go {{{{trigger.text}}}}", mentions.join(" ")))).await;
+        fx.define(
+            &format!("w{round}"),
+            &on_message(&format!("{} go {{{{trigger.text}}}}", mentions.join(" "))),
+        )
+        .await;
         let total = agents_n * messages;
         let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, String)>();
         let http = format!("http://{}", relay.addr);
         let mut ready = Vec::new();
         for a in fx.agents.clone() {
-            let (url, http, done_tx, channel) = (relay.ws_url(), http.clone(), done_tx.clone(), channel.clone());
+            let (url, http, done_tx, channel) =
+                (relay.ws_url(), http.clone(), done_tx.clone(), channel.clone());
             let (rtx, rrx) = tokio::sync::oneshot::channel();
             ready.push(rrx);
             tokio::spawn(simulated_agent(url, http, a, channel, done_tx, rtx));
@@ -463,7 +549,10 @@ async fn delivery(relay: &Relay, rounds: usize, quick: bool) {
         p50_v.push(percentile(&lat, 0.5));
         p99_v.push(percentile(&lat, 0.99));
     }
-    println!("delivery: {:.1} deliveries/s end to end ({agents_n} agents)", median(rates));
+    println!(
+        "delivery: {:.1} deliveries/s end to end ({agents_n} agents)",
+        median(rates)
+    );
     println!("delivery trigger-to-claim p50: {:.1} ms", median(p50_v));
     println!("delivery trigger-to-claim p99: {:.1} ms", median(p99_v));
 }
@@ -478,12 +567,23 @@ async fn simulated_agent(
 ) {
     let client = reqwest::Client::new();
     let mut ws = connect(&url).await;
-    let challenge = next_json(&mut ws).await.unwrap()[1].as_str().unwrap_or_default().to_string();
+    let challenge = next_json(&mut ws).await.unwrap()[1]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     let auth = tests::client::auth_event(&keys, &challenge, &url);
-    ws.send(Message::Text(json!(["AUTH", auth]).to_string().into())).await.unwrap();
+    ws.send(Message::Text(json!(["AUTH", auth]).to_string().into()))
+        .await
+        .unwrap();
     let _ = next_json(&mut ws).await;
     let me = keys.public_key().to_hex();
-    ws.send(Message::Text(json!(["REQ", "w", {"kinds": [24620], "#p": [me], "limit": 0}]).to_string().into())).await.unwrap();
+    ws.send(Message::Text(
+        json!(["REQ", "w", {"kinds": [24620], "#p": [me], "limit": 0}])
+            .to_string()
+            .into(),
+    ))
+    .await
+    .unwrap();
     let mut ready = Some(ready);
     let call = |path: String, body: Value| {
         let (client, http, keys) = (client.clone(), http.clone(), keys.clone());
@@ -491,7 +591,13 @@ async fn simulated_agent(
             let url = format!("{http}{path}");
             let bytes = body.to_string().into_bytes();
             let auth = protocol::nip98::header(&keys, "POST", &url, &bytes);
-            let r = client.post(&url).header("Authorization", auth).header("Content-Type", "application/json").body(bytes).send().await;
+            let r = client
+                .post(&url)
+                .header("Authorization", auth)
+                .header("Content-Type", "application/json")
+                .body(bytes)
+                .send()
+                .await;
             match r {
                 Ok(r) => r.json::<Value>().await.unwrap_or(Value::Null),
                 Err(_) => Value::Null,
@@ -509,7 +615,12 @@ async fn simulated_agent(
             continue;
         }
         let tag = |name: &str| {
-            v[2]["tags"].as_array().and_then(|ts| ts.iter().find(|t| t[0] == name)).and_then(|t| t[1].as_str()).unwrap_or_default().to_string()
+            v[2]["tags"]
+                .as_array()
+                .and_then(|ts| ts.iter().find(|t| t[0] == name))
+                .and_then(|t| t[1].as_str())
+                .unwrap_or_default()
+                .to_string()
         };
         let body = json!({"delivery_id": tag("delivery"), "expected": {"run_id": tag("workflow-run"), "step_id": tag("workflow-step"),
             "definition_event_id": tag("workflow-definition"), "message_event_id": tag("e"), "channel": tag("h")},
@@ -520,13 +631,25 @@ async fn simulated_agent(
         if d.is_null() {
             continue;
         }
-        let text = d["trigger_context"]["text"].as_str().unwrap_or_default().to_string();
+        let text = d["trigger_context"]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         let reply = EventBuilder::new(Kind::from_u16(9), "ack")
-            .tags([Tag::custom("h", [channel.as_str()]), Tag::custom("e", [d["message_event_id"].as_str().unwrap_or_default(), "", "root"])])
+            .tags([
+                Tag::custom("h", [channel.as_str()]),
+                Tag::custom(
+                    "e",
+                    [d["message_event_id"].as_str().unwrap_or_default(), "", "root"],
+                ),
+            ])
             .finalize(&keys)
             .unwrap();
-        let fin = call(format!("/deliveries/{}/finish", d["id"].as_str().unwrap_or_default()),
-            json!({"claim_token": d["claim_token"], "outcome": "delivered", "reply": reply})).await;
+        let fin = call(
+            format!("/deliveries/{}/finish", d["id"].as_str().unwrap_or_default()),
+            json!({"claim_token": d["claim_token"], "outcome": "delivered", "reply": reply}),
+        )
+        .await;
         if fin["status"] == "delivered" {
             let _ = done.send((claimed_at, text));
         }
@@ -541,17 +664,39 @@ async fn main() {
         "postgres" => Backend::Postgres(Arc::new(tests::pg::PgServer::start().expect("PostgreSQL"))),
         _ => Backend::Sqlite,
     };
-    let relay = Relay::start_opts(&backend, RelayOptions { config_toml: BENCH_TOML.into(), ..Default::default() });
+    let relay = Relay::start_opts(
+        &backend,
+        RelayOptions {
+            config_toml: BENCH_TOML.into(),
+            ..Default::default()
+        },
+    );
     println!(
         "bench backend={} quick={} rounds={rounds} cpus={} date={}",
         args.backend,
         args.quick,
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-        String::from_utf8_lossy(&std::process::Command::new("date").arg("-u").arg("+%F").output().unwrap().stdout).trim()
+        String::from_utf8_lossy(
+            &std::process::Command::new("date")
+                .arg("-u")
+                .arg("+%F")
+                .output()
+                .unwrap()
+                .stdout
+        )
+        .trim()
     );
-    let mut targets = vec![Target { name: "ours", url: relay.ws_url(), pid: relay.pid() }];
+    let mut targets = vec![Target {
+        name: "ours",
+        url: relay.ws_url(),
+        pid: relay.pid(),
+    }];
     if let Some(p) = &args.peer {
-        targets.push(Target { name: "peer", url: p.clone(), pid: None });
+        targets.push(Target {
+            name: "peer",
+            url: p.clone(),
+            pid: None,
+        });
     }
     let only: Vec<&str> = args.only.split(',').collect();
     if only.contains(&"ingest") {
@@ -568,8 +713,18 @@ async fn main() {
     }
     if only.contains(&"memory") {
         // A fresh relay process, so that RSS is not what the other figures left.
-        let fresh = Relay::start_opts(&backend, RelayOptions { config_toml: BENCH_TOML.into(), ..Default::default() });
-        let t = Target { name: "ours", url: fresh.ws_url(), pid: fresh.pid() };
+        let fresh = Relay::start_opts(
+            &backend,
+            RelayOptions {
+                config_toml: BENCH_TOML.into(),
+                ..Default::default()
+            },
+        );
+        let t = Target {
+            name: "ours",
+            url: fresh.ws_url(),
+            pid: fresh.pid(),
+        };
         memory(&t, args.quick).await;
     }
 }
