@@ -163,7 +163,6 @@ impl Relay {
     }
 
     /// Whether the process has exited (e.g. killed by an armed fault).
-
     pub fn exited(&mut self) -> bool {
         match self.child.as_mut() {
             None => true,
