@@ -163,6 +163,11 @@ async fn finish(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth
         Ok(r) => r,
         Err(r) => return refused(r),
     };
+    if let Some(reply) = &req.reply {
+        if let Err(e) = crate::verify::verify(Arc::new(reply.clone())).await {
+            return error(StatusCode::BAD_REQUEST, "bad_reply", e.message());
+        }
+    }
     let community = auth.tenant.community.id.clone();
     let keys = auth.tenant.community.keys.clone();
     let r = state

@@ -108,16 +108,30 @@ impl axum::extract::FromRequest<Arc<AppState>> for Authed {
         let header = parts
             .headers
             .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok());
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
         let now = crate::state::unix_now();
-        let req = protocol::nip98::Request {
-            method: parts.method.as_str(),
-            url: &url,
-            body: &body,
-            now,
-        };
-        let event = protocol::nip98::verify(header, &req)
-            .map_err(|e| error(StatusCode::UNAUTHORIZED, e.code(), e.to_string()))?;
+        let method = parts.method.as_str().to_string();
+        let checked_body = body.clone();
+        // The signature check runs on the verification pool, off the executor.
+        let verified = crate::verify::off_executor(move || {
+            let req = protocol::nip98::Request {
+                method: &method,
+                url: &url,
+                body: &checked_body,
+                now,
+            };
+            protocol::nip98::verify(header.as_deref(), &req)
+        })
+        .await
+        .ok_or_else(|| {
+            error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "verification_unavailable",
+                "try again",
+            )
+        })?;
+        let event = verified.map_err(|e| error(StatusCode::UNAUTHORIZED, e.code(), e.to_string()))?;
         // Remember it past the window in which it could still be accepted.
         let keep_until = i64::try_from(event.created_at.as_secs() + 2 * protocol::nip98::MAX_SKEW_SECS)
             .unwrap_or(i64::MAX);

@@ -48,3 +48,13 @@ pub async fn verify(event: Arc<Event>) -> Result<(), VerifyError> {
     });
     rx.await.unwrap_or(Err(VerifyError::PoolGone))
 }
+
+/// Runs CPU-bound work (signature checks) on the verification pool and
+/// awaits it; `None` only if the pool dropped the work.
+pub async fn off_executor<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let (tx, rx) = oneshot::channel();
+    rayon::spawn(move || {
+        let _ = tx.send(work());
+    });
+    rx.await.ok()
+}
