@@ -53,7 +53,7 @@ CREATE TABLE event_tags (
         REFERENCES events (community_id, created_at, id) ON DELETE CASCADE
 );
 
-CREATE INDEX event_tags_by_value ON event_tags (community_id, name, value_hash, event_created_at DESC);
+CREATE INDEX event_tags_by_value ON event_tags (community_id, name, value_hash, event_created_at DESC, event_id);
 
 CREATE TABLE deletions (
     community_id  TEXT   NOT NULL,

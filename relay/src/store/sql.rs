@@ -176,10 +176,40 @@ pub fn push_filter(sql: &mut Sql, community: &str, f: &Filter, scope: &ReadScope
 /// `SELECT raw, created_at, id` for one filter, newest first, ties by lowest id.
 pub fn select_events(dialect: Dialect, community: &str, f: &Filter, limit: usize, scope: &ReadScope) -> Sql {
     let mut sql = Sql::new(dialect);
-    sql.push("SELECT e.raw, e.created_at, e.id FROM events e WHERE e.community_id = ");
-    sql.bind(Bind::Text(community.to_string()));
-    push_filter(&mut sql, community, f, scope);
-    sql.push(" ORDER BY e.created_at DESC, e.id ASC LIMIT ");
+    // A filter on one value of one tag (`#p: [me]`, `#h: [channel]`) is
+    // served newest-first straight from the tag index, which is ordered by
+    // (value, created_at, id): the top `limit` rows without a sort.
+    let driver = if f.ids.as_ref().is_none_or(|s| s.is_empty()) {
+        f.generic_tags.iter().find(|(_, values)| values.len() == 1)
+    } else {
+        None
+    };
+    if let Some((letter, values)) = driver {
+        let value = values.iter().next().cloned().unwrap_or_default();
+        sql.push(
+            "SELECT e.raw, e.created_at, e.id FROM event_tags t JOIN events e \
+             ON e.community_id = t.community_id AND e.id = t.event_id WHERE t.community_id = ",
+        );
+        sql.bind(Bind::Text(community.to_string()));
+        sql.push(" AND t.name = ");
+        sql.bind(Bind::Text(letter.to_string()));
+        if dialect == Dialect::Postgres {
+            sql.push(" AND t.value_hash = ");
+            sql.bind(Bind::Blob(value_hash(&value).to_vec()));
+        }
+        sql.push(" AND t.value = ");
+        sql.bind(Bind::Text(value));
+        sql.push(" AND e.community_id = ");
+        sql.bind(Bind::Text(community.to_string()));
+        // The other conditions (this tag's own one is then redundant, and cheap).
+        push_filter(&mut sql, community, f, scope);
+        sql.push(" ORDER BY t.event_created_at DESC, t.event_id ASC LIMIT ");
+    } else {
+        sql.push("SELECT e.raw, e.created_at, e.id FROM events e WHERE e.community_id = ");
+        sql.bind(Bind::Text(community.to_string()));
+        push_filter(&mut sql, community, f, scope);
+        sql.push(" ORDER BY e.created_at DESC, e.id ASC LIMIT ");
+    }
     sql.bind(Bind::Int(i64::try_from(limit).unwrap_or(i64::MAX)));
     sql
 }
