@@ -137,7 +137,9 @@ async fn open_store(cfg: &Config) -> anyhow::Result<std::sync::Arc<dyn store::St
     loop {
         match store::open(cfg).await {
             Ok(s) => return Ok(s),
-            Err(StoreError::Db(e)) if tokio::time::Instant::now() < deadline => {
+            // Unreachable, or lost while migrating: wait and try again.
+            Err(e @ (StoreError::Db(_) | StoreError::Migrate(_))) if tokio::time::Instant::now() < deadline => {
+
                 tracing::warn!(error = %e, "database not reachable yet; retrying");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(2));

@@ -487,6 +487,8 @@ async fn main() {
             Some(std::thread::spawn(move || {
                 let mut n = 0u64;
                 let (mut restarts, mut terminations) = (0u64, 0u64);
+                // Let the lanes set up first.
+                std::thread::sleep(Duration::from_secs(15));
                 while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                     for _ in 0..70 {
                         if stop.load(std::sync::atomic::Ordering::SeqCst) {
