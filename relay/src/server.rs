@@ -31,9 +31,7 @@ pub async fn ensure_default_community(cfg: &Config, store: &dyn store::Store) ->
 
 /// Runs the relay until SIGTERM/SIGINT.
 pub async fn serve(cfg: Config) -> anyhow::Result<()> {
-    let store = open_store(&cfg).await?;
-
-    ensure_default_community(&cfg, store.as_ref()).await?;
+    let (store, remote) = start_store(&cfg).await?;
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("binding {}", cfg.listen))?;
@@ -53,10 +51,7 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
         tokio::spawn(crate::engine::run(state.clone())),
     ];
 
-    if let Some(remote) = store
-        .subscribe_remote(state.cfg.limits.fanout_buffer_events)
-        .await?
-    {
+    if let Some(remote) = remote {
         background.push(tokio::spawn(forward_remote(state.clone(), remote)));
     }
 
@@ -129,22 +124,40 @@ async fn forward_remote(state: Arc<AppState>, mut remote: tokio::sync::mpsc::Rec
     }
 }
 
-/// Opens the store, waiting up to `startup_db_wait_secs` for a database that
-/// is not reachable yet (a relay may start before its database does).
-async fn open_store(cfg: &Config) -> anyhow::Result<std::sync::Arc<dyn store::Store>> {
+/// Opens the store, makes sure of the default community and starts
+/// listening to other relay processes, waiting up to
+/// `startup_db_wait_secs` for a database that is not reachable yet or drops
+/// the connection meanwhile (a relay may start before its database does).
+async fn start_store(
+    cfg: &Config,
+) -> anyhow::Result<(
+    std::sync::Arc<dyn store::Store>,
+    Option<tokio::sync::mpsc::Receiver<store::RemoteEvent>>,
+)> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(cfg.startup_db_wait_secs);
     let mut delay = Duration::from_millis(100);
     loop {
-        match store::open(cfg).await {
-            Ok(s) => return Ok(s),
-            // Unreachable, or lost while migrating: wait and try again.
-            Err(e @ (StoreError::Db(_) | StoreError::Migrate(_))) if tokio::time::Instant::now() < deadline => {
-
+        let attempt = async {
+            let store = store::open(cfg).await?;
+            ensure_default_community(cfg, store.as_ref()).await?;
+            let remote = store.subscribe_remote(cfg.limits.fanout_buffer_events).await?;
+            Ok::<_, anyhow::Error>((store, remote))
+        };
+        match attempt.await {
+            Ok(r) => return Ok(r),
+            Err(e) if tokio::time::Instant::now() < deadline && transient(&e) => {
                 tracing::warn!(error = %e, "database not reachable yet; retrying");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(2));
             }
-            Err(e) => return Err(anyhow::Error::new(e).context("opening the database")),
+            Err(e) => return Err(e.context("opening the database")),
         }
     }
+}
+
+fn transient(e: &anyhow::Error) -> bool {
+    matches!(
+        e.downcast_ref::<StoreError>(),
+        Some(StoreError::Db(_) | StoreError::Migrate(_))
+    )
 }
