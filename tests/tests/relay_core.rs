@@ -27,7 +27,67 @@ backend_tests!(
     communities_are_isolated,
     acknowledged_events_survive_sigkill,
     graceful_shutdown_closes_sockets,
+    pipelined_events_keep_their_rules,
 );
+
+/// Many events sent without waiting (they are stored in batches): every
+/// rule still holds per event, and answers name each event.
+async fn pipelined_events_keep_their_rules(backend: Backend) {
+    let relay = Relay::start(&backend);
+    let mut c = Client::connect(&relay.ws_url()).await;
+    let k = Keys::generate();
+    let deleted = event(&k, 1, "to be deleted", &[]);
+    c.publish_ok(&deleted).await;
+    c.publish_ok(&event(&k, 5, "", &[&["e", &deleted.id.to_hex()]]))
+        .await;
+    let fresh: Vec<_> = (0..30)
+        .map(|i| event(&k, 1, &format!("p{i}"), &[&["t", "pipe"]]))
+        .collect();
+    let mut sent = Vec::new();
+    for (i, e) in fresh.iter().enumerate() {
+        sent.push(e.clone());
+        if i == 10 {
+            sent.push(fresh[3].clone()); // a repeat within the same burst
+            sent.push(deleted.clone()); // deleted by its author: stays deleted
+        }
+    }
+    for e in &sent {
+        c.send(json!(["EVENT", e])).await;
+    }
+    let mut answers: Vec<(String, bool, String)> = Vec::new();
+    while answers.len() < sent.len() {
+        let v = c.recv().await;
+        if v[0] == "OK" {
+            answers.push((
+                v[1].as_str().unwrap().to_string(),
+                v[2] == true,
+                v[3].as_str().unwrap_or("").to_string(),
+            ));
+        }
+    }
+    // One answer per message, in order.
+    assert_eq!(
+        answers.iter().map(|a| a.0.clone()).collect::<Vec<_>>(),
+        sent.iter().map(|e| e.id.to_hex()).collect::<Vec<_>>()
+    );
+    let dup = answers
+        .iter()
+        .filter(|a| a.0 == fresh[3].id.to_hex())
+        .collect::<Vec<_>>();
+    assert!(dup[0].1 && dup[0].2.is_empty());
+    assert!(dup[1].1 && dup[1].2.starts_with("duplicate:"), "{:?}", dup[1]);
+    let del = answers.iter().find(|a| a.0 == deleted.id.to_hex()).unwrap();
+    assert!(!del.1 && del.2.starts_with("blocked:"), "{del:?}");
+    assert_eq!(
+        c.req("all", vec![json!({"#t": ["pipe"]})]).await.events().len(),
+        30
+    );
+    assert!(c
+        .req("d", vec![json!({"ids": [deleted.id]})])
+        .await
+        .events()
+        .is_empty());
+}
 
 fn hex(k: &Keys) -> String {
     k.public_key().to_hex()

@@ -340,14 +340,176 @@ async fn write_batch(
         }
     }
     let mut outcomes = Vec::with_capacity(batch.len());
-    for r in batch {
-        let outcome = insert_event_tx(&mut tx, &r.community, &r.event, &r.raw, None).await?;
-        if outcome == InsertOutcome::Stored && tx.dialect() == Dialect::Postgres {
-            super::postgres::notify(&mut tx, origin, &r.community, &r.raw).await?;
+    let mut i = 0;
+    while i < batch.len() {
+        // A run of plain events (one community, regular kinds, no deletion)
+        // is written with a few multi-row statements; anything else one by one.
+        let mut j = i;
+        while j < batch.len()
+            && j - i < MAX_BULK
+            && bulk_eligible(&batch[j])
+            && batch[j].community == batch[i].community
+        {
+            j += 1;
         }
-        outcomes.push(outcome);
+        if j - i >= 2 {
+            outcomes.extend(insert_plain_run(&mut tx, &batch[i..j]).await?);
+        } else {
+            j = i + 1;
+            outcomes.push(
+                insert_event_tx(&mut tx, &batch[i].community, &batch[i].event, &batch[i].raw, None).await?,
+            );
+        }
+        i = j;
+    }
+    if tx.dialect() == Dialect::Postgres {
+        for (r, outcome) in batch.iter().zip(&outcomes) {
+            if *outcome == InsertOutcome::Stored {
+                super::postgres::notify(&mut tx, origin, &r.community, &r.raw).await?;
+            }
+        }
     }
     tx.commit().await?;
+    Ok(outcomes)
+}
+
+/// Events in one multi-row run, at most (9 binds a row: well under the
+/// bind limits of both backends).
+const MAX_BULK: usize = 256;
+
+/// A regular event: it replaces nothing and deletes nothing, so its only
+/// rules are "not stored yet" and "not deleted by its author".
+fn bulk_eligible(r: &InsertRequest) -> bool {
+    use protocol::kinds::{storage_of, Storage};
+    let kind = r.event.kind.as_u16();
+    storage_of(kind) == Storage::Regular && kind != protocol::kinds::DELETION
+}
+
+/// Stores a run of regular events of one community with a few statements:
+/// the same rules as [`insert_event_tx`] (duplicate, deleted by its author),
+/// in run order (a repeat within the run is a duplicate).
+async fn insert_plain_run(tx: &mut Tx, run: &[InsertRequest]) -> Result<Vec<InsertOutcome>, StoreError> {
+    let community = run[0].community.as_str();
+    // Which are already stored, and which did their author delete?
+    let mut q = Q::new("SELECT id FROM events WHERE community_id = $1 AND id IN (").bind(community);
+    for (k, r) in run.iter().enumerate() {
+        q.sql.push_str(if k == 0 { "$" } else { ", $" });
+        q.sql.push_str(&(k + 2).to_string());
+        q = q.bind(r.event.id.to_bytes());
+    }
+    q.sql.push(')');
+    let stored: std::collections::HashSet<[u8; 32]> = tx
+        .all(q)
+        .await?
+        .iter()
+        .map(|row| row.id32(0))
+        .collect::<Result<_, _>>()?;
+    let mut q = Q::new("SELECT pubkey, target FROM deletions WHERE community_id = $1 AND target IN (")
+        .bind(community);
+    for (k, r) in run.iter().enumerate() {
+        q.sql.push_str(if k == 0 { "$" } else { ", $" });
+        q.sql.push_str(&(k + 2).to_string());
+        q = q.bind(r.event.id.to_hex());
+    }
+    q.sql.push(')');
+    let deleted: std::collections::HashSet<(Vec<u8>, String)> = tx
+        .all(q)
+        .await?
+        .iter()
+        .map(|row| Ok((row.blob(0)?, row.text(1)?)))
+        .collect::<Result<_, StoreError>>()?;
+
+    let mut outcomes = Vec::with_capacity(run.len());
+    let mut fresh: Vec<&InsertRequest> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for r in run {
+        let id = r.event.id.to_bytes();
+        if stored.contains(&id) || !seen.insert(id) {
+            outcomes.push(InsertOutcome::Duplicate);
+        } else if deleted.contains(&(r.event.pubkey.to_bytes().to_vec(), r.event.id.to_hex())) {
+            outcomes.push(InsertOutcome::Rejected(
+                "blocked: this event was deleted by its author".into(),
+            ));
+        } else {
+            outcomes.push(InsertOutcome::Stored);
+            fresh.push(r);
+        }
+    }
+    if fresh.is_empty() {
+        return Ok(outcomes);
+    }
+    let mut q = Q::new(
+        "INSERT INTO events (community_id, created_at, id, pubkey, kind, d_tag, expires_at, channel, raw) VALUES ",
+    );
+    for (k, r) in fresh.iter().enumerate() {
+        let n = k * 9;
+        if k > 0 {
+            q.sql.push(',');
+        }
+        q.sql.push_str(&format!(
+            "(${}, ${}, ${}, ${}, ${}, ${}, ${}, ${}, ${})",
+            n + 1,
+            n + 2,
+            n + 3,
+            n + 4,
+            n + 5,
+            n + 6,
+            n + 7,
+            n + 8,
+            n + 9
+        ));
+        let e = &r.event;
+        q = q
+            .bind(community)
+            .bind(i64::try_from(e.created_at.as_secs()).unwrap_or(i64::MAX))
+            .bind(e.id.to_bytes())
+            .bind(e.pubkey.to_bytes())
+            .bind(i64::from(e.kind.as_u16()))
+            .bind(Option::<String>::None)
+            .bind(expiration(e))
+            .bind(Option::<String>::None)
+            .bind(r.raw.as_ref());
+    }
+    tx.exec(q).await?;
+    let rows: Vec<(i64, [u8; 32], String, String)> = fresh
+        .iter()
+        .flat_map(|r| {
+            let created = i64::try_from(r.event.created_at.as_secs()).unwrap_or(i64::MAX);
+            let id = r.event.id.to_bytes();
+            indexed_tags(&r.event)
+                .into_iter()
+                .map(move |(name, value)| (created, id, name, value))
+        })
+        .collect();
+    for chunk in rows.chunks(500) {
+        let mut q = Q::new(
+            "INSERT INTO event_tags (community_id, event_created_at, event_id, name, value, value_hash) VALUES ",
+        );
+        for (k, (created, id, name, value)) in chunk.iter().enumerate() {
+            let n = k * 6;
+            if k > 0 {
+                q.sql.push(',');
+            }
+            q.sql.push_str(&format!(
+                "(${}, ${}, ${}, ${}, ${}, ${})",
+                n + 1,
+                n + 2,
+                n + 3,
+                n + 4,
+                n + 5,
+                n + 6
+            ));
+            q = q
+                .bind(community)
+                .bind(*created)
+                .bind(*id)
+                .bind(name.as_str())
+                .bind(value.as_str())
+                .bind(value_hash(value).to_vec());
+        }
+        q.sql.push_str(" ON CONFLICT DO NOTHING");
+        tx.exec(q).await?;
+    }
     Ok(outcomes)
 }
 
