@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -52,8 +53,12 @@ impl Turn {
 pub enum Outcome {
     /// Done, with an optional reply text.
     Delivered(Option<String>),
-    /// Try again later.
+    /// Try again later: nothing was done (the handler says so, or it
+    /// stopped before any write was recorded).
     Retry(String),
+    /// Stopped at an unknown point (timeout, lost lease, broken handler):
+    /// a retry if no write was recorded in the turn, else a visible failure.
+    Interrupted(String),
     /// Give up, visibly.
     Failed { code: String, message: String },
 }
@@ -63,6 +68,9 @@ pub enum Outcome {
 pub struct Ops {
     api: Api,
     items: Vec<(String, String)>,
+    /// A write was recorded (so it may have happened): from then on the
+    /// turn must not end in a retry, which would run it again.
+    wrote: Arc<AtomicBool>,
 }
 
 impl Ops {
@@ -74,7 +82,13 @@ impl Ops {
                 .iter()
                 .map(|i| (i.delivery.id.clone(), i.delivery.claim_token.clone()))
                 .collect(),
+            wrote: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// Whether a write was recorded in this turn.
+    pub fn wrote(&self) -> bool {
+        self.wrote.load(Ordering::SeqCst)
     }
 
     /// Records `name` with its effect (`read` or `write`); the caller does the
@@ -85,6 +99,9 @@ impl Ops {
                 .operation(id, token, name, effect)
                 .await
                 .map_err(|e| e.to_string())?;
+        }
+        if effect == "write" {
+            self.wrote.store(true, Ordering::SeqCst);
         }
         Ok(())
     }
@@ -144,11 +161,11 @@ impl Handler {
             Handler::Acp { runner, timeout } => {
                 let work = runner.turn(&turn.channel, turn.prompt(), ops.clone());
                 tokio::select! {
-                    _ = cancel.cancelled() => Outcome::Retry("lease lost; turn cancelled".into()),
+                    _ = cancel.cancelled() => Outcome::Interrupted("lease lost; turn cancelled".into()),
                     r = tokio::time::timeout(*timeout, work) => match r {
-                        Err(_) => Outcome::Retry("ACP turn timed out".into()),
+                        Err(_) => Outcome::Interrupted("ACP turn timed out".into()),
                         Ok(Ok(text)) => Outcome::Delivered((!text.trim().is_empty()).then(|| cut(text))),
-                        Ok(Err(e)) => Outcome::Retry(format!("ACP agent: {e}")),
+                        Ok(Err(e)) => Outcome::Interrupted(format!("ACP agent: {e}")),
                     }
                 }
             }
@@ -232,14 +249,14 @@ async fn exec(
         (child.wait().await, out, err)
     };
     let (status, out, err) = tokio::select! {
-        _ = cancel.cancelled() => return Outcome::Retry("lease lost; turn cancelled".into()),
+        _ = cancel.cancelled() => return Outcome::Interrupted("lease lost; turn cancelled".into()),
         r = tokio::time::timeout(timeout, waited) => match r {
-            Err(_) => return Outcome::Retry(format!("handler timed out after {timeout:?}")),
+            Err(_) => return Outcome::Interrupted(format!("handler timed out after {timeout:?}")),
             Ok(r) => r,
         },
     };
     if let Err(e) = crate::faults::check("handler:after_run") {
-        return Outcome::Retry(e);
+        return Outcome::Interrupted(e);
     }
     let stderr_tail = String::from_utf8_lossy(&err)
         .chars()
@@ -259,7 +276,7 @@ async fn exec(
             code: "handler_failed".into(),
             message: format!("exit {code:?}: {stderr_tail}"),
         },
-        Err(e) => Outcome::Retry(format!("waiting for the handler: {e}")),
+        Err(e) => Outcome::Interrupted(format!("waiting for the handler: {e}")),
     }
 }
 

@@ -108,7 +108,7 @@ type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<t
 
 /// Connects and authenticates (NIP-42) as `keys`.
 async fn connect_authed(url: &str, keys: &Keys) -> anyhow::Result<Ws> {
-    let (mut ws, _) = tokio_tungstenite::connect_async(url)
+    let (mut ws, _) = tokio_tungstenite::connect_async_with_config(url, None, true)
         .await
         .context("connecting to the relay")?;
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -201,7 +201,7 @@ async fn query(url: &str, keys: &Keys, filter: Value) -> anyhow::Result<Vec<Valu
 
 /// Publishes one event and returns the relay's OK.
 async fn publish(url: &str, event: &nostr::prelude::Event) -> anyhow::Result<(bool, String)> {
-    let (mut ws, _) = tokio_tungstenite::connect_async(url)
+    let (mut ws, _) = tokio_tungstenite::connect_async_with_config(url, None, true)
         .await
         .context("connecting to the relay")?;
     ws.send(Message::Text(json!(["EVENT", event]).to_string().into()))

@@ -134,7 +134,7 @@ async fn session(
     cmds: &mut mpsc::Receiver<Cmd>,
     subscribed: &mut bool,
 ) -> Result<(), String> {
-    let (mut ws, _) = tokio_tungstenite::connect_async(url)
+    let (mut ws, _) = tokio_tungstenite::connect_async_with_config(url, None, true)
         .await
         .map_err(|e| format!("connect: {e}"))?;
     let me = keys.public_key().to_hex();

@@ -384,7 +384,17 @@ impl Runtime {
         }
         let ops = Ops::new(self.api.clone(), &turn);
         tracing::info!(channel, deliveries = turn.items.len(), "running a turn");
-        let outcome = self.handler.run(&turn, &ops, &cancel).await;
+        let outcome = match self.handler.run(&turn, &ops, &cancel).await {
+            // A recorded write may have happened before the handler was
+            // stopped: a retry would run it a second time, so the turn
+            // fails visibly instead.
+            Outcome::Interrupted(why) if ops.wrote() => Outcome::Failed {
+                code: "interrupted_after_write".into(),
+                message: format!("stopped after recording a write, not retried: {why}"),
+            },
+            Outcome::Interrupted(why) => Outcome::Retry(why),
+            other => other,
+        };
         cancel.cancel();
         let reply = match &outcome {
             Outcome::Delivered(Some(text)) => self.reply_event(channel, &turn, text),
@@ -400,7 +410,7 @@ impl Runtime {
                     }
                     b
                 }
-                Outcome::Retry(why) => {
+                Outcome::Retry(why) | Outcome::Interrupted(why) => {
                     json!({"claim_token": d.claim_token, "outcome": "retry", "failure_message": why})
                 }
                 Outcome::Failed { code, message } => {

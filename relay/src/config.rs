@@ -182,6 +182,9 @@ pub struct Limits {
     pub auth_max_age_secs: u64,
     /// Largest HTTP request body (NIP-98 API calls).
     pub max_http_body_bytes: usize,
+    /// Read buffer of each WebSocket, allocated when it opens (most of an
+    /// idle connection's memory; larger messages still arrive, in more reads).
+    pub ws_read_buffer_bytes: usize,
     /// Sustained HTTP API calls per second per (community, pubkey); beyond: 429.
     pub api_requests_per_second: u32,
     /// Burst of HTTP API calls above the sustained rate.
@@ -209,6 +212,7 @@ impl Default for Limits {
             auth_max_age_secs: 600,
             fanout_buffer_events: 16_384,
             max_http_body_bytes: 1024 * 1024,
+            ws_read_buffer_bytes: 16 * 1024,
             api_requests_per_second: 50,
             api_burst: 200,
         }
@@ -226,6 +230,15 @@ pub struct SqliteConfig {
     pub synchronous: String,
     /// Connections in the pool (one writer at a time, WAL readers alongside).
     pub pool_size: u32,
+    /// Bytes of the database file read through a memory map (0: none).
+    pub mmap_size_bytes: u64,
+    /// Page cache per connection, in KiB.
+    pub cache_size_kib: u32,
+    /// How often the background task checkpoints the WAL into the database.
+    pub checkpoint_interval_ms: u64,
+    /// WAL pages after which a commit checkpoints by itself (the backstop
+    /// when the background checkpoints cannot keep up).
+    pub wal_autocheckpoint_pages: u32,
 }
 
 impl Default for SqliteConfig {
@@ -234,6 +247,10 @@ impl Default for SqliteConfig {
             busy_timeout_ms: 5_000,
             synchronous: "normal".into(),
             pool_size: 8,
+            mmap_size_bytes: 1 << 30,
+            cache_size_kib: 16 * 1024,
+            checkpoint_interval_ms: 1_000,
+            wal_autocheckpoint_pages: 20_000,
         }
     }
 }
@@ -399,6 +416,7 @@ impl Config {
             ("max_outbound_bytes", l.max_outbound_bytes),
             ("fanout_buffer_events", l.fanout_buffer_events),
             ("max_http_body_bytes", l.max_http_body_bytes),
+            ("ws_read_buffer_bytes", l.ws_read_buffer_bytes),
         ] {
             if v == 0 {
                 return Err(format!("limits.{name} must be greater than 0"));
@@ -413,6 +431,11 @@ impl Config {
         }
         if !matches!(self.sqlite.synchronous.as_str(), "normal" | "full") {
             return Err("sqlite.synchronous must be \"normal\" or \"full\"".into());
+        }
+        if self.sqlite.checkpoint_interval_ms == 0 || self.sqlite.wal_autocheckpoint_pages == 0 {
+            return Err(
+                "sqlite.checkpoint_interval_ms and sqlite.wal_autocheckpoint_pages must be > 0".into(),
+            );
         }
         let d = &self.deliveries;
         if d.max_attempts == 0 || d.default_lease_secs == 0 || d.max_lease_secs < d.default_lease_secs {

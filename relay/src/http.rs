@@ -205,6 +205,9 @@ async fn root(
         return ws
             .max_message_size(hard_cap)
             .max_frame_size(hard_cap)
+            // tungstenite's default (128 KiB, allocated up front) made an idle
+            // connection cost about 140 KiB.
+            .read_buffer_size(state.cfg.limits.ws_read_buffer_bytes)
             .on_upgrade(move |socket| {
                 tracker.track_future(crate::ws::run(socket, state, tenant.community, tenant.host))
             });

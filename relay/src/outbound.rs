@@ -16,6 +16,9 @@ use futures_util::SinkExt;
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
+/// Frames written before one flush, at most.
+const MAX_FRAMES_PER_FLUSH: usize = 64;
+
 /// The queue would exceed its byte bound (or the writer is gone).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Overflow;
@@ -46,13 +49,30 @@ pub fn spawn(mut sink: SplitSink<WebSocket, Message>, max_bytes: usize) -> (Outb
     });
     let writer_shared = shared.clone();
     let writer = tokio::spawn(async move {
-        while let Some(msg) = rx.recv().await {
-            let len = message_len(&msg);
-            let is_close = matches!(msg, Message::Close(_));
-            let sent = sink.send(msg).await;
-            writer_shared.queued_bytes.fetch_sub(len, Ordering::SeqCst);
+        // Whatever is queued goes out with one flush (one write to the
+        // socket for a query's results or a burst of OKs), at most
+        // `MAX_FRAMES_PER_FLUSH` frames at a time.
+        while let Some(first) = rx.recv().await {
+            let mut next = Some(first);
+            let (mut bytes, mut frames, mut closing) = (0usize, 0usize, false);
+            let mut fed = Ok(());
+            while let Some(msg) = next.take() {
+                bytes += message_len(&msg);
+                frames += 1;
+                closing = matches!(msg, Message::Close(_));
+                fed = sink.feed(msg).await;
+                if fed.is_err() || closing || frames >= MAX_FRAMES_PER_FLUSH {
+                    break;
+                }
+                next = rx.try_recv().ok();
+            }
+            let sent = match fed {
+                Ok(()) => sink.flush().await,
+                Err(e) => Err(e),
+            };
+            writer_shared.queued_bytes.fetch_sub(bytes, Ordering::SeqCst);
             writer_shared.drained.notify_waiters();
-            if sent.is_err() || is_close {
+            if sent.is_err() || closing {
                 break;
             }
         }

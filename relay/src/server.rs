@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use axum::serve::ListenerExt as _;
 
 use crate::config::Config;
 use crate::state::{unix_now, AppState};
@@ -36,6 +37,15 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", cfg.listen))?;
     let local = listener.local_addr()?;
+    // Nostr traffic is many small frames (EVENT ... EOSE, OK): with Nagle's
+    // algorithm each small frame after another waits for the peer's delayed
+    // ACK (up to 40 ms), which dominated query and OK latency.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+        }
+    });
+
     let grace = Duration::from_millis(cfg.shutdown_grace_ms);
     let sweep_every = Duration::from_secs(cfg.expiry_sweep_interval_secs.max(1));
     let state = Arc::new(AppState::new(cfg, store.clone()));

@@ -67,7 +67,7 @@ impl Client {
             req.headers_mut()
                 .insert("host", HeaderValue::from_str(h).expect("host header"));
         }
-        let (ws, _) = tokio_tungstenite::connect_async(req).await?;
+        let (ws, _) = tokio_tungstenite::connect_async_with_config(req, None, true).await?;
         let mut c = Client {
             ws,
             challenge: String::new(),

@@ -5,8 +5,6 @@
 //! accept; the few real differences (clock expression, locking, `SKIP
 //! LOCKED`) are asked of [`Dialect`]. Rows come back as neutral [`Row`]s.
 
-use std::sync::Arc;
-
 use sqlx::postgres::{PgArguments, PgPool, PgRow};
 use sqlx::sqlite::{SqliteArguments, SqlitePool, SqliteRow};
 use sqlx::{Arguments, Database, Decode, Encode, Postgres, Sqlite, Transaction, Type, ValueRef};
@@ -17,19 +15,21 @@ use super::StoreError;
 /// A connection pool of either backend.
 #[derive(Clone, Debug)]
 pub enum Pool {
-    /// SQLite, with the gate every write transaction of this process passes
-    /// (one writer at a time here means no writer ever sleeps in SQLite's
-    /// busy handler waiting for another of ours).
-    Sqlite(SqlitePool, Arc<tokio::sync::Mutex<()>>),
+    /// SQLite: readers, and the one connection every write of this process
+    /// goes through. One writer connection means no writer of ours ever
+    /// sleeps in SQLite's busy handler waiting for another, and its page
+    /// cache stays valid from one transaction to the next (a connection's
+    /// cache is dropped whenever another connection wrote).
+    Sqlite {
+        read: SqlitePool,
+        write: SqlitePool,
+    },
     Postgres(PgPool),
 }
 
 /// An open transaction of either backend.
 pub enum Tx {
-    Sqlite(
-        Transaction<'static, Sqlite>,
-        Option<tokio::sync::OwnedMutexGuard<()>>,
-    ),
+    Sqlite(Transaction<'static, Sqlite>),
     Postgres(Transaction<'static, Postgres>),
 }
 
@@ -274,7 +274,7 @@ macro_rules! dispatch {
     ($self:expr, $conn:ident, $q:expr, $method:ident, $conv:ident) => {{
         let q: Q = $q;
         match $self {
-            Tx::Sqlite(tx, _) => {
+            Tx::Sqlite(tx) => {
                 let args = sqlite_args(q.binds)?;
                 let r = sqlx::query_with(sqlx::AssertSqlSafe(q.sql), args)
                     .$method(&mut **tx)
@@ -358,7 +358,7 @@ impl Tx {
 
     pub async fn commit(self) -> Result<(), StoreError> {
         match self {
-            Tx::Sqlite(tx, _) => tx.commit().await?,
+            Tx::Sqlite(tx) => tx.commit().await?,
             Tx::Postgres(tx) => tx.commit().await?,
         }
         Ok(())
@@ -368,7 +368,7 @@ impl Tx {
 impl Pool {
     pub fn dialect(&self) -> Dialect {
         match self {
-            Pool::Sqlite(..) => Dialect::Sqlite,
+            Pool::Sqlite { .. } => Dialect::Sqlite,
             Pool::Postgres(_) => Dialect::Postgres,
         }
     }
@@ -378,10 +378,7 @@ impl Pool {
     /// (whose callers take row or advisory locks as they need).
     pub async fn begin(&self) -> Result<Tx, StoreError> {
         Ok(match self {
-            Pool::Sqlite(p, gate) => {
-                let guard = gate.clone().lock_owned().await;
-                Tx::Sqlite(p.begin_with("BEGIN IMMEDIATE").await?, Some(guard))
-            }
+            Pool::Sqlite { write, .. } => Tx::Sqlite(write.begin_with("BEGIN IMMEDIATE").await?),
             Pool::Postgres(p) => Tx::Postgres(p.begin().await?),
         })
     }
@@ -390,7 +387,7 @@ impl Pool {
     /// on SQLite a deferred transaction, which takes no write lock).
     pub async fn read(&self) -> Result<Tx, StoreError> {
         Ok(match self {
-            Pool::Sqlite(p, _) => Tx::Sqlite(p.begin().await?, None),
+            Pool::Sqlite { read, .. } => Tx::Sqlite(read.begin().await?),
             Pool::Postgres(p) => Tx::Postgres(p.begin().await?),
         })
     }
@@ -398,7 +395,7 @@ impl Pool {
     /// A read: every row of one statement, outside any write transaction.
     pub async fn all(&self, q: Q) -> Result<Vec<Row>, StoreError> {
         match self {
-            Pool::Sqlite(p, _) => {
+            Pool::Sqlite { read: p, .. } => {
                 let rows = sqlx::query_with(sqlx::AssertSqlSafe(q.sql), sqlite_args(q.binds)?)
                     .fetch_all(p)
                     .await?;
@@ -421,8 +418,7 @@ impl Pool {
     /// A statement outside any explicit transaction.
     pub async fn exec(&self, q: Q) -> Result<u64, StoreError> {
         Ok(match self {
-            Pool::Sqlite(p, gate) => {
-                let _guard = gate.lock().await;
+            Pool::Sqlite { write: p, .. } => {
                 sqlx::query_with(sqlx::AssertSqlSafe(q.sql), sqlite_args(q.binds)?)
                     .execute(p)
                     .await?
@@ -437,7 +433,10 @@ impl Pool {
 
     pub async fn close(&self) {
         match self {
-            Pool::Sqlite(p, _) => p.close().await,
+            Pool::Sqlite { read, write } => {
+                read.close().await;
+                write.close().await;
+            }
             Pool::Postgres(p) => p.close().await,
         }
     }

@@ -225,7 +225,12 @@ pub async fn open(cfg: &crate::config::Config) -> Result<std::sync::Arc<dyn Stor
     let url = cfg.database_url.as_str();
     let ahead = cfg.postgres.partition_months_ahead;
     if url.starts_with("sqlite:") {
-        let pool = db::Pool::Sqlite(sqlite::open(url, &cfg.sqlite).await?, Default::default());
+        let (read, write) = sqlite::open(url, &cfg.sqlite).await?;
+        tokio::spawn(sqlite::checkpointer(
+            read.clone(),
+            std::time::Duration::from_millis(cfg.sqlite.checkpoint_interval_ms),
+        ));
+        let pool = db::Pool::Sqlite { read, write };
         Ok(std::sync::Arc::new(sqlstore::SqlStore::new(pool, ahead)))
     } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
         let pool = db::Pool::Postgres(postgres::open(url, &cfg.postgres).await?);

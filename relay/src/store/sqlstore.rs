@@ -304,7 +304,15 @@ async fn batch_writer(pool: Pool, origin: String, mut rx: mpsc::Receiver<InsertR
                 Err(_) => break,
             }
         }
-        match write_batch(&pool, &origin, &batch).await {
+        let started = std::time::Instant::now();
+        let written = write_batch(&pool, &origin, &batch).await;
+        tracing::debug!(
+            events = batch.len(),
+            elapsed_us = started.elapsed().as_micros() as u64,
+            ok = written.is_ok(),
+            "write batch"
+        );
+        match written {
             Ok(outcomes) => {
                 for (req, outcome) in batch.into_iter().zip(outcomes) {
                     let _ = req.reply.send(Ok(outcome));
@@ -389,12 +397,17 @@ fn bulk_eligible(r: &InsertRequest) -> bool {
 /// the same rules as [`insert_event_tx`] (duplicate, deleted by its author),
 /// in run order (a repeat within the run is a duplicate).
 async fn insert_plain_run(tx: &mut Tx, run: &[InsertRequest]) -> Result<Vec<InsertOutcome>, StoreError> {
+    let d = tx.dialect();
     let community = run[0].community.as_str();
     // Which are already stored, and which did their author delete?
-    let mut q = Q::new("SELECT id FROM events WHERE community_id = $1 AND id IN (").bind(community);
+    let mut q = Q::new("SELECT id FROM events WHERE community_id = ").bind(community);
+    d.push_placeholder(&mut q.sql, 1);
+    q.sql.push_str(" AND id IN (");
     for (k, r) in run.iter().enumerate() {
-        q.sql.push_str(if k == 0 { "$" } else { ", $" });
-        q.sql.push_str(&(k + 2).to_string());
+        if k > 0 {
+            q.sql.push_str(", ");
+        }
+        d.push_placeholder(&mut q.sql, k + 2);
         q = q.bind(r.event.id.to_bytes());
     }
     q.sql.push(')');
@@ -404,11 +417,14 @@ async fn insert_plain_run(tx: &mut Tx, run: &[InsertRequest]) -> Result<Vec<Inse
         .iter()
         .map(|row| row.id32(0))
         .collect::<Result<_, _>>()?;
-    let mut q = Q::new("SELECT pubkey, target FROM deletions WHERE community_id = $1 AND target IN (")
-        .bind(community);
+    let mut q = Q::new("SELECT pubkey, target FROM deletions WHERE community_id = ").bind(community);
+    d.push_placeholder(&mut q.sql, 1);
+    q.sql.push_str(" AND target IN (");
     for (k, r) in run.iter().enumerate() {
-        q.sql.push_str(if k == 0 { "$" } else { ", $" });
-        q.sql.push_str(&(k + 2).to_string());
+        if k > 0 {
+            q.sql.push_str(", ");
+        }
+        d.push_placeholder(&mut q.sql, k + 2);
         q = q.bind(r.event.id.to_hex());
     }
     q.sql.push(')');
@@ -442,22 +458,14 @@ async fn insert_plain_run(tx: &mut Tx, run: &[InsertRequest]) -> Result<Vec<Inse
         "INSERT INTO events (community_id, created_at, id, pubkey, kind, d_tag, expires_at, channel, raw) VALUES ",
     );
     for (k, r) in fresh.iter().enumerate() {
-        let n = k * 9;
-        if k > 0 {
-            q.sql.push(',');
+        q.sql.push_str(if k > 0 { ",(" } else { "(" });
+        for c in 0..9 {
+            if c > 0 {
+                q.sql.push_str(", ");
+            }
+            d.push_placeholder(&mut q.sql, k * 9 + c + 1);
         }
-        q.sql.push_str(&format!(
-            "(${}, ${}, ${}, ${}, ${}, ${}, ${}, ${}, ${})",
-            n + 1,
-            n + 2,
-            n + 3,
-            n + 4,
-            n + 5,
-            n + 6,
-            n + 7,
-            n + 8,
-            n + 9
-        ));
+        q.sql.push(')');
         let e = &r.event;
         q = q
             .bind(community)
@@ -486,19 +494,14 @@ async fn insert_plain_run(tx: &mut Tx, run: &[InsertRequest]) -> Result<Vec<Inse
             "INSERT INTO event_tags (community_id, event_created_at, event_id, name, value, value_hash) VALUES ",
         );
         for (k, (created, id, name, value)) in chunk.iter().enumerate() {
-            let n = k * 6;
-            if k > 0 {
-                q.sql.push(',');
+            q.sql.push_str(if k > 0 { ",(" } else { "(" });
+            for c in 0..6 {
+                if c > 0 {
+                    q.sql.push_str(", ");
+                }
+                d.push_placeholder(&mut q.sql, k * 6 + c + 1);
             }
-            q.sql.push_str(&format!(
-                "(${}, ${}, ${}, ${}, ${}, ${})",
-                n + 1,
-                n + 2,
-                n + 3,
-                n + 4,
-                n + 5,
-                n + 6
-            ));
+            q.sql.push(')');
             q = q
                 .bind(community)
                 .bind(*created)
@@ -738,7 +741,7 @@ impl Store for SqlStore {
             Pool::Postgres(p) => Ok(Some(
                 super::postgres::listen(p, self.origin.clone(), capacity).await?,
             )),
-            Pool::Sqlite(..) => Ok(None),
+            Pool::Sqlite { .. } => Ok(None),
         }
     }
 

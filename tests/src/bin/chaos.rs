@@ -281,7 +281,15 @@ async fn trial(
     // (the relay may die under the poster: what was not acknowledged was
     // never promised).
     let mut acked = Vec::new();
-    if let Ok(mut poster) = tests::Client::connect_host(&lane.relays[0].ws_url(), None).await {
+    // A PostgreSQL restart or a terminated backend may refuse the first
+    // attempts; keep trying (bounded) until the relay acknowledges
+    // something, or the armed kill point could never be reached.
+    let post_deadline = Instant::now() + Duration::from_secs(30);
+    while acked.is_empty() && Instant::now() < post_deadline {
+        let Ok(mut poster) = tests::Client::connect_host(&lane.relays[0].ws_url(), None).await else {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        };
         let owner = lane.fx.owner.clone();
         let challenge_ok = {
             let url = lane.relays[0].ws_url();
@@ -300,9 +308,12 @@ async fn trial(
                 }
             }
         }
+        if acked.is_empty() {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
     }
     let reached = match armed {
-        Some((which, _)) => wait_exit(lane, which, Duration::from_secs(10)).await,
+        Some((which, _)) => wait_exit(lane, which, Duration::from_secs(30)).await,
         None => {
             tokio::time::sleep(Duration::from_millis(rng.random_range(0..1500))).await;
             if rng.random_bool(0.5) {
