@@ -409,8 +409,22 @@ async fn fanout(targets: &[Target], rounds: usize, quick: bool) {
                 }
             });
         }
+        // Bounded: a relay that never ends a subscription's stored results
+        // is reported, not waited for forever.
+        let mut all_ready = true;
         for r in ready {
-            let _ = r.await;
+            all_ready &= matches!(tokio::time::timeout(Duration::from_secs(30), r).await, Ok(Ok(())));
+        }
+        if !all_ready {
+            assert!(
+                t.pid.is_none(),
+                "our relay did not answer every subscription with EOSE"
+            );
+            eprintln!(
+                "{}: not every subscription got EOSE within 30 s; fan-out not measured",
+                t.name
+            );
+            continue;
         }
         let (mut p50_v, mut p99_v) = (Vec::new(), Vec::new());
         let mut publisher = connect(&t.url).await;
