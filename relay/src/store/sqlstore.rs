@@ -393,6 +393,30 @@ fn bulk_eligible(r: &InsertRequest) -> bool {
     storage_of(kind) == Storage::Regular && kind != protocol::kinds::DELETION
 }
 
+/// `<select> WHERE community_id = <community> AND <column> IN (<values>)`.
+fn community_in_list<B: Into<super::db::Bind>>(
+    d: Dialect,
+    select: &str,
+    community: &str,
+    column: &str,
+    values: impl IntoIterator<Item = B>,
+) -> Q {
+    let mut q = Q::new(format!("{select} WHERE community_id = ")).bind(community);
+    d.push_placeholder(&mut q.sql, 1);
+    q.sql.push_str(" AND ");
+    q.sql.push_str(column);
+    q.sql.push_str(" IN (");
+    for (k, v) in values.into_iter().enumerate() {
+        if k > 0 {
+            q.sql.push_str(", ");
+        }
+        d.push_placeholder(&mut q.sql, k + 2);
+        q = q.bind(v);
+    }
+    q.sql.push(')');
+    q
+}
+
 /// Stores a run of regular events of one community with a few statements:
 /// the same rules as [`insert_event_tx`] (duplicate, deleted by its author),
 /// in run order (a repeat within the run is a duplicate).
@@ -400,34 +424,26 @@ async fn insert_plain_run(tx: &mut Tx, run: &[InsertRequest]) -> Result<Vec<Inse
     let d = tx.dialect();
     let community = run[0].community.as_str();
     // Which are already stored, and which did their author delete?
-    let mut q = Q::new("SELECT id FROM events WHERE community_id = ").bind(community);
-    d.push_placeholder(&mut q.sql, 1);
-    q.sql.push_str(" AND id IN (");
-    for (k, r) in run.iter().enumerate() {
-        if k > 0 {
-            q.sql.push_str(", ");
-        }
-        d.push_placeholder(&mut q.sql, k + 2);
-        q = q.bind(r.event.id.to_bytes());
-    }
-    q.sql.push(')');
+    let q = community_in_list(
+        d,
+        "SELECT id FROM events",
+        community,
+        "id",
+        run.iter().map(|r| r.event.id.to_bytes()),
+    );
     let stored: std::collections::HashSet<[u8; 32]> = tx
         .all(q)
         .await?
         .iter()
         .map(|row| row.id32(0))
         .collect::<Result<_, _>>()?;
-    let mut q = Q::new("SELECT pubkey, target FROM deletions WHERE community_id = ").bind(community);
-    d.push_placeholder(&mut q.sql, 1);
-    q.sql.push_str(" AND target IN (");
-    for (k, r) in run.iter().enumerate() {
-        if k > 0 {
-            q.sql.push_str(", ");
-        }
-        d.push_placeholder(&mut q.sql, k + 2);
-        q = q.bind(r.event.id.to_hex());
-    }
-    q.sql.push(')');
+    let q = community_in_list(
+        d,
+        "SELECT pubkey, target FROM deletions",
+        community,
+        "target",
+        run.iter().map(|r| r.event.id.to_hex()),
+    );
     let deleted: std::collections::HashSet<(Vec<u8>, String)> = tx
         .all(q)
         .await?
