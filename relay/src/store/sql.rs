@@ -31,6 +31,19 @@ pub enum Bind {
 }
 
 impl Dialect {
+    /// Appends the `row`th (0-based) tuple `(…)` of a multi-row `VALUES`
+    /// whose rows are all `width` binds wide (a comma before all but the first).
+    pub fn push_values_row(self, sql: &mut String, row: usize, width: usize) {
+        sql.push_str(if row > 0 { ",(" } else { "(" });
+        for c in 0..width {
+            if c > 0 {
+                sql.push_str(", ");
+            }
+            self.push_placeholder(sql, row * width + c + 1);
+        }
+        sql.push(')');
+    }
+
     /// Appends the `n`th (1-based) placeholder of a statement whose
     /// placeholders all appear once, in bind order. SQLite gets anonymous
     /// `?`: sqlx resolves each named `$n` through

@@ -474,14 +474,7 @@ async fn insert_plain_run(tx: &mut Tx, run: &[InsertRequest]) -> Result<Vec<Inse
         "INSERT INTO events (community_id, created_at, id, pubkey, kind, d_tag, expires_at, channel, raw) VALUES ",
     );
     for (k, r) in fresh.iter().enumerate() {
-        q.sql.push_str(if k > 0 { ",(" } else { "(" });
-        for c in 0..9 {
-            if c > 0 {
-                q.sql.push_str(", ");
-            }
-            d.push_placeholder(&mut q.sql, k * 9 + c + 1);
-        }
-        q.sql.push(')');
+        d.push_values_row(&mut q.sql, k, 9);
         let e = &r.event;
         q = q
             .bind(community)
@@ -510,14 +503,7 @@ async fn insert_plain_run(tx: &mut Tx, run: &[InsertRequest]) -> Result<Vec<Inse
             "INSERT INTO event_tags (community_id, event_created_at, event_id, name, value, value_hash) VALUES ",
         );
         for (k, (created, id, name, value)) in chunk.iter().enumerate() {
-            q.sql.push_str(if k > 0 { ",(" } else { "(" });
-            for c in 0..6 {
-                if c > 0 {
-                    q.sql.push_str(", ");
-                }
-                d.push_placeholder(&mut q.sql, k * 6 + c + 1);
-            }
-            q.sql.push(')');
+            d.push_values_row(&mut q.sql, k, 6);
             q = q
                 .bind(community)
                 .bind(*created)
