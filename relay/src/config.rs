@@ -42,6 +42,8 @@ pub struct Config {
     pub sqlite: SqliteConfig,
     /// PostgreSQL settings.
     pub postgres: PostgresConfig,
+    /// Group commit: queues and batch sizes of the store's writers.
+    pub writer: WriterConfig,
     /// How long a graceful shutdown waits for connections to close.
     pub shutdown_grace_ms: u64,
     /// How often expired (NIP-40) events are purged.
@@ -67,6 +69,7 @@ impl Default for Config {
             workflows: WorkflowConfig::default(),
             sqlite: SqliteConfig::default(),
             postgres: PostgresConfig::default(),
+            writer: WriterConfig::default(),
             shutdown_grace_ms: 5_000,
             expiry_sweep_interval_secs: 60,
             startup_db_wait_secs: 30,
@@ -255,6 +258,36 @@ impl Default for SqliteConfig {
     }
 }
 
+/// The store's two group-commit writers: one for plain events, one for the
+/// small calls of the delivery API and channel events. Each takes what is
+/// queued (up to its batch size) into one transaction; senders beyond the
+/// queue's bound wait (backpressure).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WriterConfig {
+    /// Plain events waiting for the event writer, at most.
+    pub event_queue: usize,
+    /// Plain events in one write transaction, at most.
+    pub event_batch: usize,
+    /// Calls (NIP-98 auth records, claims, renews, operations, finishes,
+    /// channel events) waiting for the call writer, at most.
+    pub call_queue: usize,
+    /// Calls in one write transaction, at most (each in its own savepoint;
+    /// PostgreSQL keeps up to 64 subtransactions per transaction cheap).
+    pub call_batch: usize,
+}
+
+impl Default for WriterConfig {
+    fn default() -> Self {
+        Self {
+            event_queue: 8_192,
+            event_batch: 512,
+            call_queue: 4_096,
+            call_batch: 64,
+        }
+    }
+}
+
 /// Managed-agent delivery (PROTOCOL.md sections 7 and 8).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -428,6 +461,12 @@ impl Config {
             || l.api_burst == 0
         {
             return Err("limits.events_per_second and limits.events_burst must be > 0".into());
+        }
+        if self.writer.event_queue == 0 || self.writer.call_queue == 0 {
+            return Err("writer.event_queue and writer.call_queue must be at least 1".into());
+        }
+        if !(1..=10_000).contains(&self.writer.event_batch) || !(1..=64).contains(&self.writer.call_batch) {
+            return Err("writer.event_batch must be 1 to 10000 and writer.call_batch 1 to 64".into());
         }
         if !matches!(self.sqlite.synchronous.as_str(), "normal" | "full") {
             return Err("sqlite.synchronous must be \"normal\" or \"full\"".into());

@@ -22,6 +22,7 @@ backend_tests!(
     lapsed_leases_terminal_or_read_only_redelivery,
     unclaimed_rows_expire,
     finish_is_idempotent_and_atomic_with_its_reply,
+    concurrent_finishes_fail_alone,
     channel_deletion_cancels,
     disabled_and_deleted_workflows_stop,
     definitions_are_validated,
@@ -1011,6 +1012,76 @@ async fn finish_is_idempotent_and_atomic_with_its_reply(backend: Backend) {
             .len(),
         1
     );
+}
+
+/// Finishes sent together are committed together (the call writer), but a
+/// finish that fails midway (after its reply was written) is undone alone:
+/// the others keep their replies and statuses.
+async fn concurrent_finishes_fail_alone(backend: Backend) {
+    const N: usize = 8;
+    let relay = Relay::start_opts(
+        &backend,
+        RelayOptions {
+            config_toml: FAST.into(),
+            env: vec![("RELAY_FAULTS".into(), "finish:after_status=error*1".into())],
+        },
+    );
+    let mut fx = Fixture::new(&relay, "ops", N).await;
+    let mentions: Vec<String> = (0..N).map(|i| fx.mention(i)).collect();
+    fx.define("w", &on_message(&format!("{} go", mentions.join(" "))))
+        .await;
+    fx.post("go").await;
+    let mut finishes = Vec::new();
+    for agent in fx.agents.clone() {
+        let d = claim_when_due(&relay, &agent, json!({"lease_seconds": 30})).await;
+        let reply = event(&agent, 9, "done", &[&["h", "ops"]]);
+        let body = json!({"claim_token": d["claim_token"], "outcome": "delivered", "reply": reply});
+        let id = d["id"].as_str().unwrap().to_string();
+        finishes.push((agent, id, body, reply));
+    }
+    let paths: Vec<String> = finishes
+        .iter()
+        .map(|(_, id, _, _)| format!("/deliveries/{id}/finish"))
+        .collect();
+    let answers = futures_util::future::join_all(
+        finishes
+            .iter()
+            .zip(&paths)
+            .map(|((agent, _, body, _), path)| api(&relay, agent, "POST", path, Some(body))),
+    )
+    .await;
+    let failed: Vec<usize> = (0..N).filter(|&i| answers[i].0 != 200).collect();
+    assert_eq!(failed.len(), 1, "exactly the faulted finish fails: {answers:?}");
+    assert_eq!(answers[failed[0]].0, 503);
+    for (i, (_, id, _, reply)) in finishes.iter().enumerate() {
+        let stored = fx
+            .owner_client
+            .req(&format!("r{i}"), vec![json!({"ids": [reply.id]})])
+            .await
+            .events();
+        let row = deliveries(&relay)
+            .into_iter()
+            .find(|r| r["id"] == id.as_str())
+            .expect("row");
+        if i == failed[0] {
+            assert!(stored.is_empty(), "the failed finish left its reply");
+            assert_eq!(row["status"], "claimed");
+        } else {
+            assert_eq!(stored.len(), 1, "finish {i} lost its reply");
+            assert_eq!(row["status"], "delivered");
+        }
+    }
+    // The failed one, retried with the same token, commits.
+    let (agent, id, body, _) = &finishes[failed[0]];
+    let (status, v) = api(
+        &relay,
+        agent,
+        "POST",
+        &format!("/deliveries/{id}/finish"),
+        Some(body),
+    )
+    .await;
+    assert_eq!((status, v["status"].as_str()), (200, Some("delivered")), "{v}");
 }
 
 async fn channel_deletion_cancels(backend: Backend) {

@@ -10,7 +10,7 @@ use super::{InsertOutcome, StoreError};
 /// Records the owner (first valid attestation wins, immutable) and stores
 /// the kind 0, in `tx`.
 pub async fn register(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     community: &str,
     event: &Event,
     raw: &str,

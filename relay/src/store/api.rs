@@ -1,6 +1,8 @@
 //! [`WorkflowStore`]: the workflow and delivery half of the storage
 //! interface, one transaction per call (PostgreSQL announcements of what a
-//! call stored are sent inside it).
+//! call stored are sent inside it). The delivery API's writes (claim, renew,
+//! operation, finish) go through the call writer, which commits what is
+//! queued together, each call in its own savepoint (`group.rs`).
 
 use async_trait::async_trait;
 use nostr::prelude::{Event, Keys, PublicKey};
@@ -8,6 +10,7 @@ use protocol::workflow::Cause;
 use serde_json::Value;
 
 use super::deliveries::{self, Answer, ClaimRequest, Delivery, FinishRequest, Finished, Refusal};
+use super::group::{mismatch, Call, Done};
 use super::sqlstore::SqlStore;
 use super::workflows::{self, StepOutcome};
 use super::StoreError;
@@ -276,12 +279,16 @@ impl WorkflowStore for SqlStore {
         req: &ClaimRequest,
         cfg: &DeliveryConfig,
     ) -> Result<Answer<Option<Delivery>>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let r = deliveries::claim(&mut tx, community, caller, req, cfg).await?;
-        if matches!(r, Ok(Some(_))) {
-            tx.commit().await?;
+        let call = Call::Claim {
+            community: community.to_string(),
+            caller: *caller,
+            req: req.clone(),
+            cfg: cfg.clone(),
+        };
+        match self.calls.run(call).await? {
+            Done::Claim(a) => Ok(a),
+            _ => Err(mismatch()),
         }
-        Ok(r)
     }
 
     async fn renew(
@@ -293,12 +300,18 @@ impl WorkflowStore for SqlStore {
         lease_seconds: Option<u64>,
         cfg: &DeliveryConfig,
     ) -> Result<Answer<i64>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let r = deliveries::renew(&mut tx, community, caller, id, token, lease_seconds, cfg).await?;
-        if r.is_ok() {
-            tx.commit().await?;
+        let call = Call::Renew {
+            community: community.to_string(),
+            caller: *caller,
+            id: id.to_string(),
+            token: token.to_string(),
+            lease_seconds,
+            cfg: cfg.clone(),
+        };
+        match self.calls.run(call).await? {
+            Done::Renew(a) => Ok(a),
+            _ => Err(mismatch()),
         }
-        Ok(r)
     }
 
     async fn record_operation(
@@ -311,13 +324,19 @@ impl WorkflowStore for SqlStore {
         effect: &str,
         cfg: &DeliveryConfig,
     ) -> Result<Answer<()>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let r =
-            deliveries::record_operation(&mut tx, community, caller, id, token, name, effect, cfg).await?;
-        if r.is_ok() {
-            tx.commit().await?;
+        let call = Call::Operation {
+            community: community.to_string(),
+            caller: *caller,
+            id: id.to_string(),
+            token: token.to_string(),
+            name: name.to_string(),
+            effect: effect.to_string(),
+            cfg: cfg.clone(),
+        };
+        match self.calls.run(call).await? {
+            Done::Operation(a) => Ok(a),
+            _ => Err(mismatch()),
         }
-        Ok(r)
     }
 
     async fn finish(
@@ -329,15 +348,18 @@ impl WorkflowStore for SqlStore {
         req: &FinishRequest,
         cfg: &DeliveryConfig,
     ) -> Result<Answer<Finished>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let r = deliveries::finish(&mut tx, community, keys, caller, id, req, cfg).await?;
-        if let Ok(f) = &r {
-            for (_, raw) in &f.published {
-                self.announce(&mut tx, community, raw).await?;
-            }
-            tx.commit().await?;
+        let call = Call::Finish {
+            community: community.to_string(),
+            keys: keys.clone(),
+            caller: *caller,
+            id: id.to_string(),
+            req: req.clone(),
+            cfg: cfg.clone(),
+        };
+        match self.calls.run(call).await? {
+            Done::Finish(a) => Ok(a),
+            _ => Err(mismatch()),
         }
-        Ok(r)
     }
 
     async fn list_deliveries(

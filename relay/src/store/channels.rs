@@ -88,7 +88,7 @@ pub fn changes_channel(kind: u16) -> bool {
 }
 
 /// Loads a channel with its members.
-pub async fn load(tx: &mut Tx, community: &str, id: &str) -> Result<Option<ChannelView>, StoreError> {
+pub async fn load(tx: &mut Tx<'_>, community: &str, id: &str) -> Result<Option<ChannelView>, StoreError> {
     let row = tx
         .one(
             Q::new(
@@ -156,7 +156,7 @@ fn targets(event: &Event) -> Vec<(PublicKey, Option<String>)> {
 }
 
 async fn put_member(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     community: &str,
     channel: &str,
     pk: &PublicKey,
@@ -188,7 +188,7 @@ async fn put_member(
 }
 
 async fn remove_member(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     community: &str,
     channel: &str,
     pk: &PublicKey,
@@ -219,7 +219,7 @@ fn rejected(msg: impl Into<String>) -> Result<(InsertOutcome, Published), StoreE
 /// creation policy. Returns the outcome and, when stored, the events to
 /// announce (the event itself first, then any new relay-signed metadata).
 pub async fn apply(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     community: &str,
     keys: &Keys,
     policy: &ChannelPolicy,
@@ -406,7 +406,7 @@ pub async fn apply(
 /// with `created_at` strictly after the previous ones so that they replace them.
 #[allow(clippy::too_many_arguments)]
 async fn republish(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     community: &str,
     keys: &Keys,
     channel: &str,

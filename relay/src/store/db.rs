@@ -28,9 +28,28 @@ pub enum Pool {
 }
 
 /// An open transaction of either backend.
-pub enum Tx {
-    Sqlite(Transaction<'static, Sqlite>),
-    Postgres(Transaction<'static, Postgres>),
+pub enum Tx<'c> {
+    Sqlite(Transaction<'c, Sqlite>),
+    Postgres(Transaction<'c, Postgres>),
+}
+
+/// A connection held across several transactions (the call writer keeps
+/// the one SQLite writer connection while calls keep coming, instead of
+/// handing it back and waiting for it before every batch).
+pub enum Conn {
+    Sqlite(sqlx::pool::PoolConnection<Sqlite>),
+    Postgres(sqlx::pool::PoolConnection<Postgres>),
+}
+
+impl Conn {
+    /// A write transaction on this connection (SQLite: `BEGIN IMMEDIATE`).
+    pub async fn begin(&mut self) -> Result<Tx<'_>, StoreError> {
+        use sqlx::Connection;
+        Ok(match self {
+            Conn::Sqlite(c) => Tx::Sqlite((**c).begin_with("BEGIN IMMEDIATE").await?),
+            Conn::Postgres(c) => Tx::Postgres((**c).begin().await?),
+        })
+    }
 }
 
 /// A neutral column value.
@@ -128,6 +147,27 @@ impl Q {
     /// Adds the next bind (`$n` in order).
     pub fn bind(mut self, b: impl Into<Bind>) -> Self {
         self.binds.push(b.into());
+        self
+    }
+
+    /// Appends the placeholder of the next bind and binds `b` (for
+    /// statements built piece by piece: every placeholder comes from
+    /// [`Dialect::push_placeholder`], never a written `$n`).
+    pub fn arg(mut self, d: Dialect, b: impl Into<Bind>) -> Self {
+        d.push_placeholder(&mut self.sql, self.binds.len() + 1);
+        self.bind(b)
+    }
+
+    /// Appends `(p, p, …)` binding `values` (at least one), as [`Q::arg`].
+    pub fn in_list<B: Into<Bind>>(mut self, d: Dialect, values: impl IntoIterator<Item = B>) -> Self {
+        self.sql.push('(');
+        for (k, v) in values.into_iter().enumerate() {
+            if k > 0 {
+                self.sql.push_str(", ");
+            }
+            self = self.arg(d, v);
+        }
+        self.sql.push(')');
         self
     }
 }
@@ -308,7 +348,7 @@ macro_rules! conv_all {
     };
 }
 
-impl Tx {
+impl Tx<'_> {
     pub fn dialect(&self) -> Dialect {
         match self {
             Tx::Sqlite(..) => Dialect::Sqlite,
@@ -347,8 +387,14 @@ impl Tx {
         Ok(())
     }
 
-    /// The database clock, unix seconds.
+    /// The database clock, unix seconds. SQLite runs in this process, so
+    /// its clock (`unixepoch()`) is this process's clock: read it here,
+    /// without a statement. PostgreSQL's clock is the one every relay
+    /// process on the database shares.
     pub async fn now(&mut self) -> Result<i64, StoreError> {
+        if self.dialect() == Dialect::Sqlite {
+            return Ok(i64::try_from(crate::state::unix_now()).unwrap_or(i64::MAX));
+        }
         let sql = format!("SELECT {}", self.dialect().now());
         self.one(Q::new(sql))
             .await?
@@ -376,7 +422,15 @@ impl Pool {
     /// A write transaction: `BEGIN IMMEDIATE` on SQLite (take the write lock
     /// before reading what the writer decides on), plain `BEGIN` on PostgreSQL
     /// (whose callers take row or advisory locks as they need).
-    pub async fn begin(&self) -> Result<Tx, StoreError> {
+    /// The writer connection (SQLite), or a connection of the pool.
+    pub async fn acquire_writer(&self) -> Result<Conn, StoreError> {
+        Ok(match self {
+            Pool::Sqlite { write, .. } => Conn::Sqlite(write.acquire().await?),
+            Pool::Postgres(p) => Conn::Postgres(p.acquire().await?),
+        })
+    }
+
+    pub async fn begin(&self) -> Result<Tx<'static>, StoreError> {
         Ok(match self {
             Pool::Sqlite { write, .. } => Tx::Sqlite(write.begin_with("BEGIN IMMEDIATE").await?),
             Pool::Postgres(p) => Tx::Postgres(p.begin().await?),
@@ -385,7 +439,7 @@ impl Pool {
 
     /// A read-only transaction (a consistent snapshot for several reads;
     /// on SQLite a deferred transaction, which takes no write lock).
-    pub async fn read(&self) -> Result<Tx, StoreError> {
+    pub async fn read(&self) -> Result<Tx<'static>, StoreError> {
         Ok(match self {
             Pool::Sqlite { read, .. } => Tx::Sqlite(read.begin().await?),
             Pool::Postgres(p) => Tx::Postgres(p.begin().await?),

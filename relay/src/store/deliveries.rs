@@ -195,7 +195,7 @@ impl Delivery {
     }
 }
 
-async fn load(tx: &mut Tx, community: &str, id: &str) -> Result<Option<Delivery>, StoreError> {
+async fn load(tx: &mut Tx<'_>, community: &str, id: &str) -> Result<Option<Delivery>, StoreError> {
     let lock = if tx.dialect() == Dialect::Postgres {
         " FOR UPDATE"
     } else {
@@ -212,7 +212,7 @@ async fn load(tx: &mut Tx, community: &str, id: &str) -> Result<Option<Delivery>
 /// Loads a row for a holder's call and checks the fence; the refusal says
 /// which part failed.
 async fn fenced(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     community: &str,
     id: &str,
     caller: &PublicKey,
@@ -274,8 +274,11 @@ fn lease_of(req_lease: Option<u64>, cfg: &DeliveryConfig) -> Answer<i64> {
 
 /// Claims a delivery: the one named (with its expected bindings), or the
 /// oldest due one of the caller. `Ok(None)` is "nothing to claim" (no change).
+///
+/// Its one write is its last statement, and every refusal comes before it
+/// (the call writer runs it without a savepoint on SQLite: `group.rs`).
 pub async fn claim(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     community: &str,
     caller: &PublicKey,
     req: &ClaimRequest,
@@ -291,6 +294,37 @@ pub async fn claim(
     let set = "SET status = 'claimed', attempt = attempt + 1, claim_token = $3, claim_expires_at = $4, \
                records_operations = $5, updated_at = $6";
     let claimed = if let Some(id) = &req.delivery_id {
+        // The usual case, in one statement: the row is the caller's, due,
+        // bound as the wake said, and the lease ends within its lifetime.
+        // Anything else is sorted out below, from the loaded row.
+        if let Some(e) = &req.expected {
+            if let (Ok(def), Ok(msg)) = (
+                hex::decode(&e.definition_event_id),
+                hex::decode(&e.message_event_id),
+            ) {
+                let q = Q::new(format!(
+                    "UPDATE workflow_agent_deliveries {set} WHERE community_id = $1 AND id = $2 AND status = 'pending' \
+                     AND target_pubkey = $7 AND next_attempt_at <= $6 AND expires_at >= $4 AND run_id = $8 \
+                     AND step_id = $9 AND channel = $10 AND definition_event_id = $11 AND message_event_id = $12 \
+                     RETURNING {COLS}"
+                ))
+                .bind(community)
+                .bind(id.as_str())
+                .bind(token.as_str())
+                .bind(now + lease)
+                .bind(records)
+                .bind(now)
+                .bind(caller.to_bytes())
+                .bind(e.run_id.as_str())
+                .bind(e.step_id.as_str())
+                .bind(e.channel.as_str())
+                .bind(def)
+                .bind(msg);
+                if let Some(row) = tx.one(q).await? {
+                    return Ok(Ok(Some(delivery(&row)?)));
+                }
+            }
+        }
         let Some(d) = load(tx, community, id).await? else {
             return Ok(Err(Refusal::new(
                 404,
@@ -358,9 +392,10 @@ pub async fn claim(
     Ok(Ok(claimed.as_ref().map(delivery).transpose()?))
 }
 
-/// Extends a lease.
+/// Extends a lease. Its one write is its last statement, after every
+/// refusal (see [`claim`]).
 pub async fn renew(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     community: &str,
     caller: &PublicKey,
     id: &str,
@@ -399,10 +434,11 @@ pub async fn renew(
     Ok(Ok(now + lease))
 }
 
-/// Records an operation of the current attempt (before it is done).
+/// Records an operation of the current attempt (before it is done). Its
+/// one write is its last statement, after every refusal (see [`claim`]).
 #[allow(clippy::too_many_arguments)]
 pub async fn record_operation(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     community: &str,
     caller: &PublicKey,
     id: &str,
@@ -465,7 +501,7 @@ pub async fn record_operation(
 
 /// Operations recorded for a delivery, in order: (attempt, name, effect).
 pub async fn operations(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     community: &str,
     id: &str,
 ) -> Result<Vec<(i64, String, String)>, StoreError> {
@@ -486,7 +522,7 @@ pub async fn operations(
 
 /// Signs and stores a visible failure notice for a delivery, in `tx`.
 async fn notice(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     community: &str,
     keys: &Keys,
     d: &Delivery,
@@ -516,7 +552,7 @@ async fn notice(
 /// Moves a row to a terminal failure (with its notice).
 #[allow(clippy::too_many_arguments)]
 async fn fail(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     community: &str,
     keys: &Keys,
     d: &Delivery,
@@ -553,7 +589,7 @@ pub struct Finished {
 /// author is still a member. (Its id and signature are checked by the caller,
 /// off the executor and outside any transaction.)
 async fn check_reply(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     community: &str,
     d: &Delivery,
     reply: &Event,
@@ -591,7 +627,7 @@ async fn check_reply(
 /// Finishes an attempt; the reply (if any) and the new status commit together.
 #[allow(clippy::too_many_arguments)]
 pub async fn finish(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     community: &str,
     keys: &Keys,
     caller: &PublicKey,
@@ -651,19 +687,8 @@ pub async fn finish(
     }
     faults::check("finish:after_reply")?;
     let status = match req.outcome.as_str() {
-        "delivered" => {
-            tx.exec(
-                Q::new(
-                    "UPDATE workflow_agent_deliveries SET status = 'delivered', claim_token = NULL, updated_at = $3 \
-                     WHERE community_id = $1 AND id = $2",
-                )
-                .bind(community)
-                .bind(id)
-                .bind(now),
-            )
-            .await?;
-            "delivered"
-        }
+        // The status and the finish record below in one statement.
+        "delivered" => "delivered",
         "retry" if d.attempt < d.max_attempts => {
             let attempt = u32::try_from(d.attempt).unwrap_or(u32::MAX);
             let next = now + i64::try_from(cfg.backoff_secs(attempt)).unwrap_or(i64::MAX);
@@ -699,17 +724,25 @@ pub async fn finish(
             "failed"
         }
     };
+    // A delivered row leaves `claimed` here; the other outcomes moved above.
+    let delivered = status == "delivered";
     tx.exec(
         Q::new(
             "UPDATE workflow_agent_deliveries SET finished_token = $3, finished_outcome = $4, finished_status = $5, \
-             reply_event_id = COALESCE($6, reply_event_id) WHERE community_id = $1 AND id = $2",
+             reply_event_id = COALESCE($6, reply_event_id), \
+             status = CASE WHEN $7 THEN 'delivered' ELSE status END, \
+             claim_token = CASE WHEN $7 THEN NULL ELSE claim_token END, \
+             updated_at = CASE WHEN $7 THEN $8 ELSE updated_at END \
+             WHERE community_id = $1 AND id = $2",
         )
         .bind(community)
         .bind(id)
         .bind(req.claim_token.as_str())
         .bind(req.outcome.as_str())
         .bind(status)
-        .bind(reply_id.map(|r| r.to_vec())),
+        .bind(reply_id.map(|r| r.to_vec()))
+        .bind(delivered)
+        .bind(now),
     )
     .await?;
     faults::check("finish:after_status")?;
@@ -723,7 +756,7 @@ pub async fn finish(
 /// Returns notices to announce. Safe in several processes at once: every
 /// transition re-checks the state it leaves.
 pub async fn sweep(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     community: &str,
     keys: &Keys,
     cfg: &DeliveryConfig,
@@ -799,7 +832,7 @@ pub async fn sweep(
 
 /// The caller's own deliveries, newest first.
 pub async fn list_own(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     community: &str,
     target: Option<&PublicKey>,
     status: Option<&str>,
@@ -833,6 +866,6 @@ pub async fn list_own(
 }
 
 /// One delivery by id (operators).
-pub async fn show(tx: &mut Tx, community: &str, id: &str) -> Result<Option<Delivery>, StoreError> {
+pub async fn show(tx: &mut Tx<'_>, community: &str, id: &str) -> Result<Option<Delivery>, StoreError> {
     load(tx, community, id).await
 }

@@ -16,6 +16,7 @@ pub mod api;
 pub mod channels;
 pub mod db;
 pub mod deliveries;
+mod group;
 pub mod postgres;
 pub mod sql;
 pub mod sqlite;
@@ -231,10 +232,14 @@ pub async fn open(cfg: &crate::config::Config) -> Result<std::sync::Arc<dyn Stor
             std::time::Duration::from_millis(cfg.sqlite.checkpoint_interval_ms),
         ));
         let pool = db::Pool::Sqlite { read, write };
-        Ok(std::sync::Arc::new(sqlstore::SqlStore::new(pool, ahead)))
+        Ok(std::sync::Arc::new(sqlstore::SqlStore::new(
+            pool,
+            ahead,
+            &cfg.writer,
+        )))
     } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
         let pool = db::Pool::Postgres(postgres::open(url, &cfg.postgres).await?);
-        let store = sqlstore::SqlStore::new(pool, ahead);
+        let store = sqlstore::SqlStore::new(pool, ahead, &cfg.writer);
         store.maintain(crate::state::unix_now()).await?;
         Ok(std::sync::Arc::new(store))
     } else {

@@ -116,7 +116,7 @@ fn first_of_month(year: i32, month: time::Month) -> i64 {
 
 /// Announces an event to the other relay processes, inside `tx` (delivered
 /// on commit, dropped on rollback).
-pub async fn notify(tx: &mut Tx, origin: &str, community: &str, raw: &str) -> Result<(), StoreError> {
+pub async fn notify(tx: &mut Tx<'_>, origin: &str, community: &str, raw: &str) -> Result<(), StoreError> {
     let inline = json!({"o": origin, "c": community, "r": raw}).to_string();
     let payload = if inline.len() <= MAX_INLINE_PAYLOAD_BYTES {
         inline

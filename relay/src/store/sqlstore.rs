@@ -18,7 +18,7 @@ use super::{
     address_key, deletion_targets, expiration, indexed_tags, replacement_key, ChannelView, CommunityRecord,
     InsertOutcome, Published, ReadScope, RemoteEvent, Store, StoreError, StoredEvent,
 };
-use crate::config::ChannelPolicy;
+use crate::config::{ChannelPolicy, WriterConfig};
 
 /// A store on SQLite or PostgreSQL.
 pub struct SqlStore {
@@ -26,8 +26,10 @@ pub struct SqlStore {
     /// Identifies this process in cross-process announcements (PostgreSQL).
     origin: String,
     partition_months_ahead: u32,
-    /// The batch writer's queue.
+    /// The event writer's queue.
     writer: mpsc::Sender<InsertRequest>,
+    /// The call writer (group commit of small write calls).
+    pub(crate) calls: super::group::Calls,
 }
 
 /// An event waiting for the batch writer.
@@ -38,21 +40,24 @@ struct InsertRequest {
     reply: oneshot::Sender<Result<InsertOutcome, StoreError>>,
 }
 
-/// Events queued for the writer, at most (senders wait beyond: backpressure).
-const WRITER_QUEUE: usize = 8_192;
-/// Events in one write transaction, at most.
-const MAX_BATCH: usize = 512;
-
 impl SqlStore {
-    pub fn new(pool: Pool, partition_months_ahead: u32) -> Self {
+    /// Wraps `pool` and starts its two writers (see [`WriterConfig`]).
+    pub fn new(pool: Pool, partition_months_ahead: u32, w: &WriterConfig) -> Self {
         let origin = hex::encode(rand::random::<[u8; 8]>());
-        let (tx, rx) = mpsc::channel(WRITER_QUEUE);
-        tokio::spawn(batch_writer(pool.clone(), origin.clone(), rx));
+        let (tx, rx) = mpsc::channel(w.event_queue.max(1));
+        tokio::spawn(batch_writer(
+            pool.clone(),
+            origin.clone(),
+            rx,
+            w.event_batch.max(1),
+        ));
+        let calls = super::group::Calls::start(pool.clone(), origin.clone(), w.call_queue, w.call_batch);
         Self {
             pool,
             origin,
             partition_months_ahead,
             writer: tx,
+            calls,
         }
     }
 
@@ -62,7 +67,12 @@ impl SqlStore {
 
     /// Announces a committed (or, inside `tx`, committing) event to other
     /// relay processes. Only PostgreSQL has other processes.
-    pub(crate) async fn announce(&self, tx: &mut Tx, community: &str, raw: &str) -> Result<(), StoreError> {
+    pub(crate) async fn announce(
+        &self,
+        tx: &mut Tx<'_>,
+        community: &str,
+        raw: &str,
+    ) -> Result<(), StoreError> {
         if tx.dialect() == Dialect::Postgres {
             super::postgres::notify(tx, &self.origin, community, raw).await?;
         }
@@ -96,7 +106,7 @@ impl SqlStore {
 /// Stores `event` inside `tx` under the NIP-01/09/40 rules. The caller
 /// commits (or, on anything but `Stored`, may simply drop `tx`).
 pub(crate) async fn insert_event_tx(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     community: &str,
     event: &Event,
     raw: &str,
@@ -228,7 +238,7 @@ pub(crate) async fn insert_event_tx(
 }
 
 async fn apply_deletion(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     community: &str,
     event: &Event,
     pubkey: &[u8],
@@ -295,10 +305,10 @@ async fn apply_deletion(
 /// refusal of `insert_event_tx` happens before it writes anything, so one
 /// refused event never leaves a trace in the batch; a storage error fails
 /// the whole batch (and each request with it: nothing was acknowledged).
-async fn batch_writer(pool: Pool, origin: String, mut rx: mpsc::Receiver<InsertRequest>) {
+async fn batch_writer(pool: Pool, origin: String, mut rx: mpsc::Receiver<InsertRequest>, max_batch: usize) {
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
+        while batch.len() < max_batch {
             match rx.try_recv() {
                 Ok(r) => batch.push(r),
                 Err(_) => break,
@@ -401,26 +411,15 @@ fn community_in_list<B: Into<super::db::Bind>>(
     column: &str,
     values: impl IntoIterator<Item = B>,
 ) -> Q {
-    let mut q = Q::new(format!("{select} WHERE community_id = ")).bind(community);
-    d.push_placeholder(&mut q.sql, 1);
-    q.sql.push_str(" AND ");
-    q.sql.push_str(column);
-    q.sql.push_str(" IN (");
-    for (k, v) in values.into_iter().enumerate() {
-        if k > 0 {
-            q.sql.push_str(", ");
-        }
-        d.push_placeholder(&mut q.sql, k + 2);
-        q = q.bind(v);
-    }
-    q.sql.push(')');
-    q
+    let mut q = Q::new(format!("{select} WHERE community_id = ")).arg(d, community);
+    q.sql.push_str(&format!(" AND {column} IN "));
+    q.in_list(d, values)
 }
 
 /// Stores a run of regular events of one community with a few statements:
 /// the same rules as [`insert_event_tx`] (duplicate, deleted by its author),
 /// in run order (a repeat within the run is a duplicate).
-async fn insert_plain_run(tx: &mut Tx, run: &[InsertRequest]) -> Result<Vec<InsertOutcome>, StoreError> {
+async fn insert_plain_run(tx: &mut Tx<'_>, run: &[InsertRequest]) -> Result<Vec<InsertOutcome>, StoreError> {
     let d = tx.dialect();
     let community = run[0].community.as_str();
     // Which are already stored, and which did their author delete?
@@ -642,16 +641,17 @@ impl Store for SqlStore {
         event: &Event,
         raw: &str,
     ) -> Result<(InsertOutcome, Published), StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let (outcome, published) =
-            super::channels::apply(&mut tx, community, keys, policy, event, raw).await?;
-        if outcome == InsertOutcome::Stored {
-            for (_, raw) in &published {
-                self.announce(&mut tx, community, raw).await?;
-            }
-            tx.commit().await?;
+        let call = super::group::Call::ChannelEvent {
+            community: community.to_string(),
+            keys: keys.clone(),
+            policy: policy.clone(),
+            event: Arc::new(event.clone()),
+            raw: Arc::from(raw),
+        };
+        match self.calls.run(call).await? {
+            super::group::Done::ChannelEvent(outcome, published) => Ok((outcome, published)),
+            _ => Err(super::group::mismatch()),
         }
-        Ok((outcome, published))
     }
 
     async fn channel(&self, community: &str, id: &str) -> Result<Option<ChannelView>, StoreError> {
@@ -712,18 +712,15 @@ impl Store for SqlStore {
         event_id: &[u8; 32],
         expires_at: i64,
     ) -> Result<bool, StoreError> {
-        let n = self
-            .pool
-            .exec(
-                Q::new(
-                    "INSERT INTO http_auth_seen (community_id, event_id, expires_at) VALUES ($1, $2, $3)                      ON CONFLICT DO NOTHING",
-                )
-                .bind(community)
-                .bind(*event_id)
-                .bind(expires_at),
-            )
-            .await?;
-        Ok(n == 1)
+        let call = super::group::Call::HttpAuth {
+            community: community.to_string(),
+            event_id: *event_id,
+            expires_at,
+        };
+        match self.calls.run(call).await? {
+            super::group::Done::HttpAuth(fresh) => Ok(fresh),
+            _ => Err(super::group::mismatch()),
+        }
     }
 
     async fn publish_ephemeral(&self, community: &str, raw: &str) -> Result<(), StoreError> {

@@ -43,6 +43,10 @@ pub struct StepOutcome {
 }
 
 /// A new random id (128 bits, hex).
+/// Delivery rows in one insert, at most (19 binds a row: within both
+/// backends' bind limits).
+const MAX_ROWS_PER_INSERT: usize = 500;
+
 pub fn new_id() -> String {
     hex::encode(rand::random::<[u8; 16]>())
 }
@@ -69,7 +73,11 @@ fn workflow_row(r: &Row) -> Result<WorkflowRow, StoreError> {
 
 const WORKFLOW_COLS: &str = "id, channel, owner, definition_event_id, enabled, deleted";
 
-async fn load_workflow(tx: &mut Tx, community: &str, id: &str) -> Result<Option<WorkflowRow>, StoreError> {
+async fn load_workflow(
+    tx: &mut Tx<'_>,
+    community: &str,
+    id: &str,
+) -> Result<Option<WorkflowRow>, StoreError> {
     let q = Q::new(format!(
         "SELECT {WORKFLOW_COLS} FROM workflows WHERE community_id = $1 AND id = $2"
     ))
@@ -80,7 +88,7 @@ async fn load_workflow(tx: &mut Tx, community: &str, id: &str) -> Result<Option<
 
 /// Loads the definition a revision id names (superseded revisions included).
 async fn load_definition(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     community: &str,
     event_id: &[u8; 32],
 ) -> Result<Option<Definition>, StoreError> {
@@ -100,7 +108,7 @@ async fn load_definition(
 /// Records a definition revision that was just stored in `tx`. `Err(text)`
 /// is the client answer when the revision must be refused (the caller rolls back).
 pub async fn upsert_definition(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     community: &str,
     event: &Event,
     v: &Validated,
@@ -174,7 +182,7 @@ pub async fn upsert_definition(
 /// A NIP-09 deletion by `author` of a definition (by id or by address):
 /// the workflow stops firing and its pending work is cancelled.
 pub async fn on_definition_deleted(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     community: &str,
     author: &PublicKey,
     by_id: Option<[u8; 32]>,
@@ -209,7 +217,7 @@ pub async fn on_definition_deleted(
 }
 
 /// Cancels a workflow's running runs and open deliveries.
-pub async fn cancel_workflow(tx: &mut Tx, community: &str, workflow_id: &str) -> Result<(), StoreError> {
+pub async fn cancel_workflow(tx: &mut Tx<'_>, community: &str, workflow_id: &str) -> Result<(), StoreError> {
     let now = tx.now().await?;
     tx.exec(
         Q::new(
@@ -236,7 +244,7 @@ pub async fn cancel_workflow(tx: &mut Tx, community: &str, workflow_id: &str) ->
 }
 
 /// Cancels everything of a deleted channel.
-pub async fn cancel_channel(tx: &mut Tx, community: &str, channel: &str) -> Result<(), StoreError> {
+pub async fn cancel_channel(tx: &mut Tx<'_>, community: &str, channel: &str) -> Result<(), StoreError> {
     let now = tx.now().await?;
     tx.exec(
         Q::new(
@@ -274,7 +282,7 @@ pub async fn cancel_channel(tx: &mut Tx, community: &str, channel: &str) -> Resu
 /// Creates a run for a cause unless that cause already made one (unique per
 /// community, workflow and cause). Returns the run id and whether it is new.
 pub async fn create_run(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     community: &str,
     workflow_id: &str,
     cause: &Cause,
@@ -332,7 +340,7 @@ pub async fn create_run(
 /// A kind 9 stored in a channel: starts every matching `message_posted`
 /// workflow. Relay-signed messages never trigger workflows. Returns the new runs.
 pub async fn on_message(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     community: &str,
     relay_pubkey: &PublicKey,
     event: &Event,
@@ -398,7 +406,7 @@ struct RunRow {
     trace: Value,
 }
 
-async fn load_run(tx: &mut Tx, community: &str, run_id: &str) -> Result<Option<RunRow>, StoreError> {
+async fn load_run(tx: &mut Tx<'_>, community: &str, run_id: &str) -> Result<Option<RunRow>, StoreError> {
     let row = tx
         .one(
             Q::new(
@@ -429,7 +437,7 @@ async fn load_run(tx: &mut Tx, community: &str, run_id: &str) -> Result<Option<R
 }
 
 async fn end_run(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     community: &str,
     run_id: &str,
     status: &str,
@@ -450,7 +458,7 @@ async fn end_run(
 
 /// Executes the current step of a run, if it is still running, inside `tx`.
 pub async fn execute_step(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     community: &str,
     keys: &Keys,
     run_id: &str,
@@ -574,38 +582,55 @@ pub async fn execute_step(
         }
     };
 
-    // One delivery row per recipient that is a managed agent and a member.
+    // One delivery row per recipient that is a managed agent and a member:
+    // one query for who qualifies, one multi-row insert (a replay inserts
+    // nothing new: the rows are unique on run, step and target).
     let message_id_hex = message.id.to_hex();
     let message_created = i64::try_from(message.created_at.as_secs()).unwrap_or(i64::MAX);
+    let mut targets: Vec<PublicKey> = Vec::new();
     for p in workflow::tag_values(&message, "p") {
-        let Ok(target) = PublicKey::from_hex(p) else {
-            continue;
-        };
-        let eligible = tx
-            .exists(
-                Q::new(
-                    "SELECT 1 FROM agents a JOIN channel_members m ON m.community_id = a.community_id \
-                     AND m.pubkey = a.pubkey WHERE a.community_id = $1 AND a.pubkey = $2 AND m.channel_id = $3",
-                )
-                .bind(community)
-                .bind(target.to_bytes())
-                .bind(run.channel.as_str()),
-            )
-            .await?;
-        if !eligible {
+        if let Ok(t) = PublicKey::from_hex(p) {
+            if !targets.contains(&t) {
+                targets.push(t);
+            }
+        }
+    }
+    let d = tx.dialect();
+    for chunk in targets.chunks(MAX_ROWS_PER_INSERT) {
+        let mut q = Q::new(
+            "SELECT a.pubkey FROM agents a JOIN channel_members m ON m.community_id = a.community_id \
+             AND m.pubkey = a.pubkey WHERE a.community_id = ",
+        )
+        .arg(d, community);
+        q.sql.push_str(" AND m.channel_id = ");
+        q = q.arg(d, run.channel.as_str());
+        q.sql.push_str(" AND a.pubkey IN ");
+        q = q.in_list(d, chunk.iter().map(|t| t.to_bytes()));
+        let eligible: Vec<[u8; 32]> = tx
+            .all(q)
+            .await?
+            .iter()
+            .map(|r| r.id32(0))
+            .collect::<Result<_, _>>()?;
+        let rows: Vec<(&PublicKey, String)> = chunk
+            .iter()
+            .filter(|t| eligible.contains(&t.to_bytes()))
+            .map(|t| (t, new_id()))
+            .collect();
+        if rows.is_empty() {
             continue;
         }
-        let id = new_id();
-        let made = tx
-            .one(
-                Q::new(
-                    "INSERT INTO workflow_agent_deliveries (community_id, id, workflow_id, run_id, step_id, \
-                     target_pubkey, channel, definition_event_id, message_event_id, message_created_at, status, \
-                     attempt, max_attempts, next_attempt_at, expires_at, trigger_context, execution_trace, \
-                     created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'pending', 0, $11, \
-                     $12, $13, $14, $15, $12, $12) \
-                     ON CONFLICT (community_id, run_id, step_id, target_pubkey) DO NOTHING RETURNING id",
-                )
+        let mut q = Q::new(
+            "INSERT INTO workflow_agent_deliveries (community_id, id, workflow_id, run_id, step_id, \
+             target_pubkey, channel, definition_event_id, message_event_id, message_created_at, status, \
+             attempt, max_attempts, next_attempt_at, expires_at, trigger_context, execution_trace, \
+             created_at, updated_at) VALUES ",
+        );
+        let expires = now.saturating_add(i64::try_from(cfg.lifetime_secs).unwrap_or(i64::MAX));
+        let (context, trace) = (run.trigger_context.to_string(), run.trace.to_string());
+        for (k, (target, id)) in rows.iter().enumerate() {
+            d.push_values_row(&mut q.sql, k, 19);
+            q = q
                 .bind(community)
                 .bind(id.as_str())
                 .bind(run.workflow_id.as_str())
@@ -616,23 +641,37 @@ pub async fn execute_step(
                 .bind(run.definition_event_id)
                 .bind(message.id.to_bytes())
                 .bind(message_created)
+                .bind("pending")
+                .bind(0_i64)
                 .bind(i64::from(cfg.max_attempts))
                 .bind(now)
-                .bind(now.saturating_add(i64::try_from(cfg.lifetime_secs).unwrap_or(i64::MAX)))
-                .bind(run.trigger_context.to_string())
-                .bind(run.trace.to_string()),
-            )
-            .await?;
-        if made.is_some() {
-            out.new_deliveries.push(NewDelivery {
-                id,
-                target,
-                channel: run.channel.clone(),
-                definition_event_id: definition_hex.clone(),
-                run_id: run_id.to_string(),
-                step_id: step_id.clone(),
-                message_event_id: message_id_hex.clone(),
-            });
+                .bind(expires)
+                .bind(context.as_str())
+                .bind(trace.as_str())
+                .bind(now)
+                .bind(now);
+        }
+        q.sql.push_str(
+            " ON CONFLICT (community_id, run_id, step_id, target_pubkey) DO NOTHING RETURNING target_pubkey",
+        );
+        let made: Vec<[u8; 32]> = tx
+            .all(q)
+            .await?
+            .iter()
+            .map(|r| r.id32(0))
+            .collect::<Result<_, _>>()?;
+        for (target, id) in rows {
+            if made.contains(&target.to_bytes()) {
+                out.new_deliveries.push(NewDelivery {
+                    id,
+                    target: *target,
+                    channel: run.channel.clone(),
+                    definition_event_id: definition_hex.clone(),
+                    run_id: run_id.to_string(),
+                    step_id: step_id.clone(),
+                    message_event_id: message_id_hex.clone(),
+                });
+            }
         }
     }
     faults::check("step:after_rows")?;
@@ -659,7 +698,7 @@ pub async fn execute_step(
 }
 
 /// Runs that are still running, oldest first.
-pub async fn running_runs(tx: &mut Tx, community: &str, limit: u32) -> Result<Vec<String>, StoreError> {
+pub async fn running_runs(tx: &mut Tx<'_>, community: &str, limit: u32) -> Result<Vec<String>, StoreError> {
     let rows = tx
         .all(
             Q::new(
@@ -675,7 +714,7 @@ pub async fn running_runs(tx: &mut Tx, community: &str, limit: u32) -> Result<Ve
 
 /// Fires the current slot of every live schedule of a community (each slot
 /// once, whatever the number of processes). Returns new run ids.
-pub async fn fire_schedules(tx: &mut Tx, community: &str) -> Result<Vec<String>, StoreError> {
+pub async fn fire_schedules(tx: &mut Tx<'_>, community: &str) -> Result<Vec<String>, StoreError> {
     let now = tx.now().await?;
     let rows = tx
         .all(
@@ -710,7 +749,7 @@ pub async fn fire_schedules(tx: &mut Tx, community: &str) -> Result<Vec<String>,
 
 /// Whether `caller` owns the workflow: `Ok(channel)` or the API refusal.
 pub async fn owned(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     community: &str,
     workflow_id: &str,
     caller: &PublicKey,
@@ -724,7 +763,7 @@ pub async fn owned(
 
 /// Stores the hash of a new webhook secret (rotating any previous one).
 pub async fn set_webhook_secret(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     community: &str,
     workflow_id: &str,
     hash_hex: &str,
@@ -741,7 +780,7 @@ pub async fn set_webhook_secret(
 
 /// The webhook secret hash and trigger of a workflow.
 pub async fn webhook_target(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     community: &str,
     workflow_id: &str,
 ) -> Result<Option<(Option<String>, String, bool)>, StoreError> {
@@ -761,7 +800,7 @@ pub async fn webhook_target(
 
 /// The trigger type of a workflow.
 pub async fn trigger_of(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     community: &str,
     workflow_id: &str,
 ) -> Result<Option<String>, StoreError> {
@@ -777,7 +816,7 @@ pub async fn trigger_of(
 
 /// A page of a workflow's runs, newest first.
 pub async fn list_runs(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     community: &str,
     workflow_id: Option<&str>,
     before: Option<i64>,
@@ -822,7 +861,7 @@ pub async fn list_runs(
 }
 
 /// One run by id.
-pub async fn show_run(tx: &mut Tx, community: &str, run_id: &str) -> Result<Option<Value>, StoreError> {
+pub async fn show_run(tx: &mut Tx<'_>, community: &str, run_id: &str) -> Result<Option<Value>, StoreError> {
     let row = tx
         .one(
             Q::new(

@@ -37,6 +37,13 @@ struct Args {
     /// Rounds per figure (default 3 quick, 5 full).
     #[arg(long)]
     rounds: Option<usize>,
+    /// Offered load (deliveries per second) of the delivery latency figure.
+    #[arg(long, default_value_t = 250)]
+    delivery_rate: u32,
+    /// Writes the relay's log (debug level for the relay: one line per
+    /// write batch and per call batch) to this file at the end.
+    #[arg(long)]
+    relay_log: Option<std::path::PathBuf>,
 }
 
 type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
@@ -518,13 +525,17 @@ async fn memory(t: &Target, quick: bool) {
 
 /// Deliveries per second through the whole pipeline, and trigger-to-claim
 /// latency, with `agents` simulated agents (wake subscription + NIP-98 claim
-/// by id + finish with a reply) in this process.
-async fn delivery(relay: &Relay, rounds: usize, quick: bool) {
+/// by id + finish with a reply) in this process. Two phases per round:
+/// throughput (every trigger posted as soon as the previous one is
+/// acknowledged: the queue is always full, so its latency is queueing), then
+/// latency at an offered load of `rate` deliveries per second (triggers
+/// paced, each mentioning every agent).
+async fn delivery(relay: &Relay, rounds: usize, quick: bool, rate: u32) {
     use tests::workflow::{on_message, Fixture};
     let agents_n = if quick { 20 } else { 50 };
     let messages = if quick { 50 } else { 200 };
-    let mut rates = Vec::new();
-    let (mut p50_v, mut p99_v) = (Vec::new(), Vec::new());
+    let (mut rates, mut burst_p50, mut burst_p99) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut paced_rates, mut p50_v, mut p99_v) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..rounds {
         let channel = format!("deliver-{round}");
         let mut fx = Fixture::new(relay, &channel, agents_n).await;
@@ -534,7 +545,6 @@ async fn delivery(relay: &Relay, rounds: usize, quick: bool) {
             &on_message(&format!("{} go {{{{trigger.text}}}}", mentions.join(" "))),
         )
         .await;
-        let total = agents_n * messages;
         let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, String)>();
         let http = format!("http://{}", relay.addr);
         let mut ready = Vec::new();
@@ -548,39 +558,95 @@ async fn delivery(relay: &Relay, rounds: usize, quick: bool) {
         for r in ready {
             let _ = r.await;
         }
-        // Triggers: messages in the channel; remember when each was acknowledged.
-        let start = Instant::now();
-        let mut sent_at = std::collections::HashMap::new();
-        for i in 0..messages {
-            let text = format!("m{round}-{i}");
-            fx.post(&text).await;
-            sent_at.insert(text, Instant::now());
-        }
-        let mut lat = Vec::new();
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while lat.len() < total && Instant::now() < deadline {
-            match tokio::time::timeout(Duration::from_secs(30), done_rx.recv()).await {
-                Ok(Some((claimed_at, text))) => {
-                    if let Some(s) = sent_at.get(&text) {
-                        lat.push(claimed_at.saturating_duration_since(*s).as_secs_f64() * 1000.0);
-                    }
-                }
-                _ => break,
-            }
-        }
-        let secs = start.elapsed().as_secs_f64();
-        assert_eq!(lat.len(), total, "not every delivery was claimed and finished");
-        lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        rates.push(total as f64 / secs);
-        p50_v.push(percentile(&lat, 0.5));
-        p99_v.push(percentile(&lat, 0.99));
+        let burst = triggers(
+            &mut fx,
+            &mut done_rx,
+            &format!("b{round}"),
+            messages,
+            agents_n,
+            None,
+        )
+        .await;
+        rates.push(burst.0);
+        burst_p50.push(percentile(&burst.1, 0.5));
+        burst_p99.push(percentile(&burst.1, 0.99));
+        let interval = Duration::from_secs_f64(agents_n as f64 / f64::from(rate.max(1)));
+        let paced = triggers(
+            &mut fx,
+            &mut done_rx,
+            &format!("p{round}"),
+            messages,
+            agents_n,
+            Some(interval),
+        )
+        .await;
+        paced_rates.push(paced.0);
+        p50_v.push(percentile(&paced.1, 0.5));
+        p99_v.push(percentile(&paced.1, 0.99));
     }
     println!(
-        "delivery: {:.1} deliveries/s end to end ({agents_n} agents)",
+        "delivery: {:.1} deliveries/s end to end ({agents_n} agents, triggers back to back)",
         median(rates)
     );
-    println!("delivery trigger-to-claim p50: {:.1} ms", median(p50_v));
-    println!("delivery trigger-to-claim p99: {:.1} ms", median(p99_v));
+    println!(
+        "delivery trigger-to-claim, triggers back to back: p50 {:.1} ms, p99 {:.1} ms (queueing)",
+        median(burst_p50),
+        median(burst_p99)
+    );
+    println!(
+        "delivery trigger-to-claim at {rate} deliveries/s offered ({:.1} achieved): p50 {:.1} ms, p99 {:.1} ms",
+        median(paced_rates),
+        median(p50_v),
+        median(p99_v)
+    );
+}
+
+/// Posts `n` triggers (one every `interval`, or each as soon as the previous
+/// one is acknowledged) and waits until every agent claimed and finished
+/// each; returns deliveries per second and the sorted trigger-to-claim
+/// latencies in ms.
+async fn triggers(
+    fx: &mut tests::workflow::Fixture,
+    done_rx: &mut tokio::sync::mpsc::UnboundedReceiver<(Instant, String)>,
+    prefix: &str,
+    n: usize,
+    agents_n: usize,
+    interval: Option<Duration>,
+) -> (f64, Vec<f64>) {
+    let total = agents_n * n;
+    let start = Instant::now();
+    let mut sent_at = std::collections::HashMap::new();
+    let mut lat = Vec::new();
+    let record = |lat: &mut Vec<f64>,
+                  sent_at: &std::collections::HashMap<String, Instant>,
+                  (claimed_at, text): (Instant, String)| {
+        if let Some(s) = sent_at.get(&text) {
+            lat.push(claimed_at.saturating_duration_since(*s).as_secs_f64() * 1000.0);
+        }
+    };
+    for i in 0..n {
+        if let Some(iv) = interval {
+            tokio::time::sleep_until((start + iv * i as u32).into()).await;
+        }
+        let text = format!("m{prefix}-{i}");
+        fx.post(&text).await;
+        sent_at.insert(text, Instant::now());
+        // Claims answered meanwhile (their trigger was acknowledged before).
+        while let Ok(d) = done_rx.try_recv() {
+            record(&mut lat, &sent_at, d);
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while lat.len() < total && Instant::now() < deadline {
+        match tokio::time::timeout(Duration::from_secs(30), done_rx.recv()).await {
+            Ok(Some(d)) => record(&mut lat, &sent_at, d),
+            _ => break,
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    assert_eq!(lat.len(), total, "not every delivery was claimed and finished");
+    lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    (total as f64 / secs, lat)
 }
 
 async fn simulated_agent(
@@ -732,10 +798,15 @@ async fn main() {
         fanout(&targets, rounds, args.quick).await;
     }
     if only.contains(&"delivery") {
-        delivery(&relay, rounds, args.quick).await;
+        delivery(&relay, rounds, args.quick, args.delivery_rate).await;
     }
     if only.contains(&"query") {
         query(&targets, rounds, args.quick).await;
+    }
+    if let Some(path) = &args.relay_log {
+        if let Err(e) = std::fs::write(path, relay.log()) {
+            eprintln!("writing the relay's log to {}: {e}", path.display());
+        }
     }
     if only.contains(&"memory") {
         // A fresh relay process, so that RSS is not what the other figures left.
