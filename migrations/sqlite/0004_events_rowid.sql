@@ -43,14 +43,16 @@ SELECT community_id, id, pubkey, created_at, kind, d_tag, expires_at, raw, chann
 FROM events ORDER BY created_at, id;
 
 DROP TABLE events;
+-- The indexes end with `id`: queries answer newest first, ties by lowest id
+-- (the WITHOUT ROWID table's indexes carried the id implicitly).
 ALTER TABLE events_new RENAME TO events;
 
 CREATE INDEX events_by_time ON events (community_id, created_at DESC, id);
-CREATE INDEX events_by_author ON events (community_id, pubkey, created_at DESC);
-CREATE INDEX events_by_kind ON events (community_id, kind, created_at DESC);
+CREATE INDEX events_by_author ON events (community_id, pubkey, created_at DESC, id);
+CREATE INDEX events_by_kind ON events (community_id, kind, created_at DESC, id);
 CREATE INDEX events_by_address ON events (community_id, pubkey, kind, d_tag) WHERE d_tag IS NOT NULL;
 CREATE INDEX events_by_expiry ON events (expires_at) WHERE expires_at IS NOT NULL;
-CREATE INDEX events_by_channel ON events (community_id, channel, created_at DESC) WHERE channel IS NOT NULL;
+CREATE INDEX events_by_channel ON events (community_id, channel, created_at DESC, id) WHERE channel IS NOT NULL;
 
 COMMIT;
 
