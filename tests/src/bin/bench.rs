@@ -265,32 +265,41 @@ async fn preload(url: &str, n: usize, channels_owner: &Keys) -> (Vec<Keys>, Vec<
     (authors, channels)
 }
 
-/// One REQ, timed from send to EOSE.
-async fn timed_req(ws: &mut Ws, sub: &str, filter: &Value) -> f64 {
+/// One REQ, timed from send to EOSE; `None` when no EOSE (or CLOSED) came
+/// within 30 s (a peer that never ends a subscription is reported, not
+/// waited for forever).
+async fn timed_req(ws: &mut Ws, sub: &str, filter: &Value) -> Option<f64> {
     let start = Instant::now();
     ws.send(Message::Text(json!(["REQ", sub, filter]).to_string().into()))
         .await
         .unwrap();
     // Only the end of the answer is parsed: the bench's CPU stays out of
     // the relay's way (the EVENT frames are counted, not decoded).
-    while let Some(Ok(msg)) = ws.next().await {
-        let Message::Text(t) = msg else { continue };
-        let t = t.as_str();
-        if !(t.starts_with("[\"EOSE\"") || t.starts_with("[\"CLOSED\"")) {
-            continue;
+    let ended = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(Ok(msg)) = ws.next().await {
+            let Message::Text(t) = msg else { continue };
+            let t = t.as_str();
+            if !(t.starts_with("[\"EOSE\"") || t.starts_with("[\"CLOSED\"")) {
+                continue;
+            }
+            let Ok(v) = serde_json::from_str::<Value>(t) else {
+                continue;
+            };
+            if v[1] == sub {
+                return true;
+            }
         }
-        let Ok(v) = serde_json::from_str::<Value>(t) else {
-            continue;
-        };
-        if v[1] == sub {
-            break;
-        }
+        false
+    })
+    .await;
+    if !matches!(ended, Ok(true)) {
+        return None;
     }
     let ms = start.elapsed().as_secs_f64() * 1000.0;
     ws.send(Message::Text(json!(["CLOSE", sub]).to_string().into()))
         .await
         .unwrap();
-    ms
+    Some(ms)
 }
 
 async fn query(targets: &[Target], rounds: usize, quick: bool) {
@@ -336,7 +345,15 @@ async fn query(targets: &[Target], rounds: usize, quick: bool) {
                                         json!({"since": since, "until": since + 600, "limit": 50})
                                     }
                                 };
-                                lat.push(timed_req(&mut ws, &format!("q{q}"), &f).await);
+                                match timed_req(&mut ws, &format!("q{q}"), &f).await {
+                                    Some(ms) => lat.push(ms),
+                                    None => {
+                                        eprintln!(
+                                            "{url}: no EOSE within 30 s for {f}; this connection stops"
+                                        );
+                                        break;
+                                    }
+                                }
                             }
                             lat
                         })
@@ -419,8 +436,12 @@ async fn fanout(targets: &[Target], rounds: usize, quick: bool) {
         // Bounded: a relay that never ends a subscription's stored results
         // is reported, not waited for forever.
         let mut all_ready = true;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         for r in ready {
-            all_ready &= matches!(tokio::time::timeout(Duration::from_secs(30), r).await, Ok(Ok(())));
+            all_ready &= matches!(tokio::time::timeout_at(deadline, r).await, Ok(Ok(())));
+            if !all_ready {
+                break;
+            }
         }
         if !all_ready {
             assert!(
