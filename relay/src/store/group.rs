@@ -255,7 +255,7 @@ async fn writer(pool: Pool, origin: String, mut rx: mpsc::Receiver<Job>, batch_m
         // Keep the connection while calls keep coming (bounded), so that a
         // batch does not wait for the connection to come back to the pool.
         let mut conn = match pool.acquire_writer().await {
-            Ok(c) => Some(c),
+            Ok(c) => c,
             Err(e) => {
                 let text = e.to_string();
                 for job in batch.drain(..) {
@@ -274,10 +274,9 @@ async fn writer(pool: Pool, origin: String, mut rx: mpsc::Receiver<Job>, batch_m
             if batch.is_empty() {
                 break;
             }
-            let Some(c) = conn.as_mut() else { break };
             let started = std::time::Instant::now();
             let n = batch.len();
-            let (answers, healthy) = run_batch(c, &origin, &batch).await;
+            let (answers, healthy) = run_batch(&mut conn, &origin, &batch).await;
             tracing::debug!(
                 calls = n,
                 elapsed_us = started.elapsed().as_micros() as u64,
@@ -287,8 +286,9 @@ async fn writer(pool: Pool, origin: String, mut rx: mpsc::Receiver<Job>, batch_m
                 let _ = job.reply.send(answer);
             }
             if !healthy {
-                // A connection that failed is not reused.
-                conn = None;
+                // A connection that failed is not reused (every job of the
+                // batch was answered: nothing waits on it).
+                break;
             }
         }
     }
