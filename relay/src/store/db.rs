@@ -419,10 +419,8 @@ impl Pool {
         }
     }
 
-    /// A write transaction: `BEGIN IMMEDIATE` on SQLite (take the write lock
-    /// before reading what the writer decides on), plain `BEGIN` on PostgreSQL
-    /// (whose callers take row or advisory locks as they need).
-    /// The writer connection (SQLite), or a connection of the pool.
+    /// The writer connection (SQLite), or a connection of the pool, to hold
+    /// across several transactions ([`Conn::begin`]).
     pub async fn acquire_writer(&self) -> Result<Conn, StoreError> {
         Ok(match self {
             Pool::Sqlite { write, .. } => Conn::Sqlite(write.acquire().await?),
@@ -430,6 +428,9 @@ impl Pool {
         })
     }
 
+    /// A write transaction: `BEGIN IMMEDIATE` on SQLite (take the write lock
+    /// before reading what the writer decides on), plain `BEGIN` on PostgreSQL
+    /// (whose callers take row or advisory locks as they need).
     pub async fn begin(&self) -> Result<Tx<'static>, StoreError> {
         Ok(match self {
             Pool::Sqlite { write, .. } => Tx::Sqlite(write.begin_with("BEGIN IMMEDIATE").await?),

@@ -42,11 +42,11 @@ pub struct StepOutcome {
     pub more: bool,
 }
 
-/// A new random id (128 bits, hex).
 /// Delivery rows in one insert, at most (19 binds a row: within both
 /// backends' bind limits).
 const MAX_ROWS_PER_INSERT: usize = 500;
 
+/// A new random id (128 bits, hex).
 pub fn new_id() -> String {
     hex::encode(rand::random::<[u8; 16]>())
 }
