@@ -2,8 +2,10 @@
 //!
 //! Both schemas name their tables and columns the same way (`events`,
 //! `event_tags`), so one builder serves both; the [`Dialect`] only decides the
-//! placeholder syntax and how a tag value is compared (PostgreSQL compares a
-//! bounded hash first so that its index never holds a long value).
+//! placeholder syntax, how a tag row refers to its event (SQLite: by the
+//! event's `seq`; PostgreSQL: by its id) and how a tag value is compared
+//! (PostgreSQL compares a bounded hash first so that its index never holds a
+//! long value).
 
 use std::fmt::Write;
 
@@ -112,7 +114,11 @@ impl Sql {
 
     /// `AND <tag match>`: the event has a tag `name` whose first value is one of `values`.
     fn tag_in(&mut self, community: &str, name: &str, values: impl IntoIterator<Item = String>) {
-        self.push(" AND e.id IN (SELECT t.event_id FROM event_tags t WHERE t.community_id = ");
+        // SQLite's tag index refers to events by seq (their rowid).
+        self.push(match self.dialect {
+            Dialect::Sqlite => " AND e.seq IN (SELECT t.event_seq FROM event_tags t WHERE t.community_id = ",
+            Dialect::Postgres => " AND e.id IN (SELECT t.event_id FROM event_tags t WHERE t.community_id = ",
+        });
         self.bind(Bind::Text(community.to_string()));
         self.push(" AND t.name = ");
         self.bind(Bind::Text(name.to_string()));
@@ -228,10 +234,16 @@ pub fn select_events(dialect: Dialect, community: &str, f: &Filter, limit: usize
     };
     if let Some((letter, values)) = driver {
         let value = values.iter().next().cloned().unwrap_or_default();
-        sql.push(
-            "SELECT e.raw, e.created_at, e.id FROM event_tags t JOIN events e \
-             ON e.community_id = t.community_id AND e.id = t.event_id WHERE t.community_id = ",
-        );
+        sql.push(match dialect {
+            Dialect::Sqlite => {
+                "SELECT e.raw, e.created_at, e.id FROM event_tags t JOIN events e \
+                 ON e.seq = t.event_seq WHERE t.community_id = "
+            }
+            Dialect::Postgres => {
+                "SELECT e.raw, e.created_at, e.id FROM event_tags t JOIN events e \
+                 ON e.community_id = t.community_id AND e.id = t.event_id WHERE t.community_id = "
+            }
+        });
         sql.bind(Bind::Text(community.to_string()));
         sql.push(" AND t.name = ");
         sql.bind(Bind::Text(letter.to_string()));

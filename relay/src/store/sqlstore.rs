@@ -182,54 +182,45 @@ pub(crate) async fn insert_event_tx(
         }
     }
 
-    tx.exec(
-        Q::new(
-            "INSERT INTO events (community_id, created_at, id, pubkey, kind, d_tag, expires_at, channel, raw) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-        )
-        .bind(community)
-        .bind(created_at)
-        .bind(id.clone())
-        .bind(pubkey.clone())
-        .bind(kind)
-        .bind(d_tag.clone())
-        .bind(expiration(event))
-        .bind(channel.map(str::to_string))
-        .bind(raw),
+    let mut insert = Q::new(
+        "INSERT INTO events (community_id, created_at, id, pubkey, kind, d_tag, expires_at, channel, raw) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
     )
-    .await?;
-    // Tags in few statements (at most 500 rows of 6 binds each, well under
-    // both backends' bind limits).
-    for chunk in indexed_tags(event).chunks(500) {
-        let mut q = Q::new(
-            "INSERT INTO event_tags (community_id, event_created_at, event_id, name, value, value_hash) VALUES ",
-        );
-        for (i, (name, value)) in chunk.iter().enumerate() {
-            let n = i * 6;
-            if i > 0 {
-                q.sql.push(',');
-            }
-            q.sql.push_str(&format!(
-                "(${}, ${}, ${}, ${}, ${}, ${})",
-                n + 1,
-                n + 2,
-                n + 3,
-                n + 4,
-                n + 5,
-                n + 6
-            ));
-            let hash = value_hash(value).to_vec();
-            q = q
-                .bind(community)
-                .bind(created_at)
-                .bind(id.clone())
-                .bind(name.as_str())
-                .bind(value.as_str())
-                .bind(hash);
+    .bind(community)
+    .bind(created_at)
+    .bind(id.clone())
+    .bind(pubkey.clone())
+    .bind(kind)
+    .bind(d_tag.clone())
+    .bind(expiration(event))
+    .bind(channel.map(str::to_string))
+    .bind(raw);
+    let seq = match tx.dialect() {
+        Dialect::Sqlite => {
+            insert.sql.push_str(" RETURNING seq");
+            let row = tx
+                .one(insert)
+                .await?
+                .ok_or_else(|| StoreError::Corrupt("no seq returned by insert".into()))?;
+            Some(row.int(0)?)
         }
-        q.sql.push_str(" ON CONFLICT DO NOTHING");
-        tx.exec(q).await?;
-    }
+        Dialect::Postgres => {
+            tx.exec(insert).await?;
+            None
+        }
+    };
+    let tags = indexed_tags(event);
+    let rows: Vec<TagRow<'_>> = tags
+        .iter()
+        .map(|(name, value)| TagRow {
+            seq,
+            created_at,
+            id: event.id.to_bytes(),
+            name,
+            value,
+        })
+        .collect();
+    insert_tags(tx, community, &rows).await?;
 
     if event.kind.as_u16() == protocol::kinds::DELETION {
         apply_deletion(tx, community, event, &pubkey, created_at).await?;
@@ -469,9 +460,19 @@ async fn insert_plain_run(tx: &mut Tx<'_>, run: &[InsertRequest]) -> Result<Vec<
     if fresh.is_empty() {
         return Ok(outcomes);
     }
-    let mut q = Q::new(
-        "INSERT INTO events (community_id, created_at, id, pubkey, kind, d_tag, expires_at, channel, raw) VALUES ",
-    );
+    // SQLite: `OR FAIL` (a failing row fails the statement without undoing
+    // the rows before it, and the batch's error then rolls the whole
+    // transaction back) spares SQLite the statement journal, a copy of every
+    // page the statement touches; and the new rows' `seq` comes back for
+    // the tag index.
+    let mut q = Q::new(match d {
+        Dialect::Sqlite => {
+            "INSERT OR FAIL INTO events (community_id, created_at, id, pubkey, kind, d_tag, expires_at, channel, raw) VALUES "
+        }
+        Dialect::Postgres => {
+            "INSERT INTO events (community_id, created_at, id, pubkey, kind, d_tag, expires_at, channel, raw) VALUES "
+        }
+    });
     for (k, r) in fresh.iter().enumerate() {
         d.push_values_row(&mut q.sql, k, 9);
         let e = &r.event;
@@ -486,35 +487,95 @@ async fn insert_plain_run(tx: &mut Tx<'_>, run: &[InsertRequest]) -> Result<Vec<
             .bind(Option::<String>::None)
             .bind(r.raw.as_ref());
     }
-    tx.exec(q).await?;
-    let rows: Vec<(i64, [u8; 32], String, String)> = fresh
-        .iter()
-        .flat_map(|r| {
-            let created = i64::try_from(r.event.created_at.as_secs()).unwrap_or(i64::MAX);
-            let id = r.event.id.to_bytes();
-            indexed_tags(&r.event)
-                .into_iter()
-                .map(move |(name, value)| (created, id, name, value))
-        })
-        .collect();
+    let seqs: std::collections::HashMap<[u8; 32], i64> = match d {
+        Dialect::Sqlite => {
+            q.sql.push_str(" RETURNING id, seq");
+            tx.all(q)
+                .await?
+                .iter()
+                .map(|row| Ok((row.id32(0)?, row.int(1)?)))
+                .collect::<Result<_, StoreError>>()?
+        }
+        Dialect::Postgres => {
+            tx.exec(q).await?;
+            std::collections::HashMap::new()
+        }
+    };
+    let tags: Vec<(&InsertRequest, Vec<(String, String)>)> =
+        fresh.iter().map(|r| (*r, indexed_tags(&r.event))).collect();
+    let mut rows = Vec::new();
+    for (r, pairs) in &tags {
+        let id = r.event.id.to_bytes();
+        let seq = match d {
+            Dialect::Sqlite => Some(
+                *seqs
+                    .get(&id)
+                    .ok_or_else(|| StoreError::Corrupt("insert returned no seq for an event".into()))?,
+            ),
+            Dialect::Postgres => None,
+        };
+        for (name, value) in pairs {
+            rows.push(TagRow {
+                seq,
+                created_at: i64::try_from(r.event.created_at.as_secs()).unwrap_or(i64::MAX),
+                id,
+                name,
+                value,
+            });
+        }
+    }
+    insert_tags(tx, community, &rows).await?;
+    Ok(outcomes)
+}
+
+/// One row of the tag index.
+struct TagRow<'a> {
+    /// The event's `events.seq` (SQLite's tag index is keyed by it);
+    /// `None` on PostgreSQL.
+    seq: Option<i64>,
+    created_at: i64,
+    id: [u8; 32],
+    name: &'a str,
+    value: &'a str,
+}
+
+/// Inserts tag index rows in few statements (at most 500 rows of 6 binds
+/// each, well under both backends' bind limits). SQLite keys them by the
+/// event's seq; PostgreSQL by its id, with the value's hash it indexes.
+async fn insert_tags(tx: &mut Tx<'_>, community: &str, rows: &[TagRow<'_>]) -> Result<(), StoreError> {
+    let d = tx.dialect();
     for chunk in rows.chunks(500) {
-        let mut q = Q::new(
-            "INSERT INTO event_tags (community_id, event_created_at, event_id, name, value, value_hash) VALUES ",
-        );
-        for (k, (created, id, name, value)) in chunk.iter().enumerate() {
+        let mut q = Q::new(match d {
+            Dialect::Sqlite => {
+                "INSERT INTO event_tags (event_seq, community_id, event_created_at, event_id, name, value) VALUES "
+            }
+            Dialect::Postgres => {
+                "INSERT INTO event_tags (community_id, event_created_at, event_id, name, value, value_hash) VALUES "
+            }
+        });
+        for (k, t) in chunk.iter().enumerate() {
             d.push_values_row(&mut q.sql, k, 6);
+            q = match d {
+                Dialect::Sqlite => q.bind(
+                    t.seq
+                        .ok_or_else(|| StoreError::Corrupt("tag row without seq".into()))?,
+                ),
+                Dialect::Postgres => q,
+            };
             q = q
                 .bind(community)
-                .bind(*created)
-                .bind(*id)
-                .bind(name.as_str())
-                .bind(value.as_str())
-                .bind(value_hash(value).to_vec());
+                .bind(t.created_at)
+                .bind(t.id)
+                .bind(t.name)
+                .bind(t.value);
+            if d == Dialect::Postgres {
+                q = q.bind(value_hash(t.value).to_vec());
+            }
         }
         q.sql.push_str(" ON CONFLICT DO NOTHING");
         tx.exec(q).await?;
     }
-    Ok(outcomes)
+    Ok(())
 }
 
 fn stored(rows: Vec<super::db::Row>) -> Result<Vec<StoredEvent>, StoreError> {
