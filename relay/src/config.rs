@@ -177,6 +177,11 @@ pub struct Limits {
     pub events_per_second: u32,
     /// Burst of EVENT messages allowed above the sustained rate.
     pub events_burst: u32,
+    /// EVENTs of one connection being verified or stored at once; beyond,
+    /// the connection is not read until some are answered. A client that
+    /// pipelines more waits (TCP backpressure). Bounds a connection's
+    /// pending events to this × `max_event_bytes`.
+    pub max_inflight_events: usize,
     /// Bytes queued for a connection before it is disconnected as a slow reader.
     pub max_outbound_bytes: usize,
     /// How far in the future `created_at` may be.
@@ -210,6 +215,7 @@ impl Default for Limits {
             max_limit: 1_000,
             events_per_second: 100,
             events_burst: 200,
+            max_inflight_events: 256,
             max_outbound_bytes: 8 * 1024 * 1024,
             max_future_secs: 900,
             auth_max_age_secs: 600,
@@ -447,6 +453,7 @@ impl Config {
             ("max_filter_values", l.max_filter_values),
             ("max_limit", l.max_limit),
             ("max_outbound_bytes", l.max_outbound_bytes),
+            ("max_inflight_events", l.max_inflight_events),
             ("fanout_buffer_events", l.fanout_buffer_events),
             ("max_http_body_bytes", l.max_http_body_bytes),
             ("ws_read_buffer_bytes", l.ws_read_buffer_bytes),

@@ -69,10 +69,6 @@ type Stored = (
     Result<InsertOutcome, crate::store::StoreError>,
 );
 
-/// EVENTs of one connection in flight (verifying or being stored) at most;
-/// beyond, the connection is not read until some are answered.
-const MAX_INFLIGHT_EVENTS: usize = 256;
-
 /// Why the connection loop stops.
 enum Stop {
     Overflow,
@@ -87,6 +83,9 @@ impl From<Overflow> for Stop {
 /// Runs a connection to completion.
 pub async fn run(socket: WebSocket, state: Arc<AppState>, community: Arc<Community>, host: String) {
     let limits = &state.cfg.limits;
+    // Events of this connection verified or stored at once, at most.
+    let max_inflight = limits.max_inflight_events;
+    assert!(max_inflight > 0, "validated at load");
     let (sink, mut stream) = socket.split();
     let (out, writer) = outbound::spawn(sink, limits.max_outbound_bytes);
     let mut live = state.hub.subscribe(&community.id);
@@ -117,7 +116,7 @@ pub async fn run(socket: WebSocket, state: Arc<AppState>, community: Arc<Communi
             Some(checked) = conn.verifying.next(), if !conn.verifying.is_empty() => {
                 conn.after_verify(checked).await.map(|_| true)
             }
-            msg = stream.next(), if conn.verifying.len() + conn.storing.len() < MAX_INFLIGHT_EVENTS => match msg {
+            msg = stream.next(), if conn.verifying.len() + conn.storing.len() < max_inflight => match msg {
                 None | Some(Ok(Message::Close(_))) => Ok(false),
                 Some(Err(e)) => {
                     if is_capacity_error(&e) {

@@ -30,10 +30,18 @@ backend_tests!(
     pipelined_events_keep_their_rules,
 );
 
-/// Many events sent without waiting (they are stored in batches): every
-/// rule still holds per event, and answers name each event.
+/// Many events sent without waiting (they are stored in batches), far more
+/// than the relay reads ahead (`max_inflight_events` = 4: the rest wait in
+/// the socket): every rule still holds per event, nothing is lost, and
+/// answers name each event in order.
 async fn pipelined_events_keep_their_rules(backend: Backend) {
-    let relay = Relay::start(&backend);
+    let relay = Relay::start_opts(
+        &backend,
+        RelayOptions {
+            config_toml: "[limits]\nmax_inflight_events = 4\n".into(),
+            ..Default::default()
+        },
+    );
     let mut c = Client::connect(&relay.ws_url()).await;
     let k = Keys::generate();
     let deleted = event(&k, 1, "to be deleted", &[]);

@@ -48,7 +48,7 @@ struct Args {
 
 type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
-const BENCH_TOML: &str = "[limits]\nevents_per_second = 1000000\nevents_burst = 1000000\nmax_subscriptions = 200\n\
+const BENCH_TOML: &str = "[limits]\nevents_per_second = 1000000\nevents_burst = 1000000\nmax_inflight_events = 1024\nmax_subscriptions = 200\n\
 max_outbound_bytes = 67108864\napi_requests_per_second = 1000000\napi_burst = 1000000\nfanout_buffer_events = 65536\n\
 [channels]\nmembership_kinds = [9]\n[sqlite]\npool_size = 16\n[postgres]\npool_size = 32\n\
 [deliveries]\ndefault_lease_secs = 60\n[workflows]\nrun_poll_interval_ms = 1000\n";
@@ -121,6 +121,12 @@ async fn pump(url: String, events: Vec<Event>, window: usize) -> usize {
     ok
 }
 
+/// Unanswered EVENTs each ingest connection keeps in flight: as many as
+/// the bench's relay reads ahead (`max_inflight_events` in `BENCH_TOML`),
+/// so that checking signatures of the next events overlaps with storing
+/// the previous ones even from one connection.
+const INGEST_WINDOW: usize = 1024;
+
 /// Events per second accepted from `conns` connections.
 async fn ingest_round(url: &str, n: usize, conns: usize, keys: &[Keys], round: usize) -> f64 {
     let events = presign(
@@ -135,7 +141,7 @@ async fn ingest_round(url: &str, n: usize, conns: usize, keys: &[Keys], round: u
     let start = Instant::now();
     let handles: Vec<_> = parts
         .into_iter()
-        .map(|p| tokio::spawn(pump(url.to_string(), p, 256)))
+        .map(|p| tokio::spawn(pump(url.to_string(), p, INGEST_WINDOW)))
         .collect();
     let mut accepted = 0;
     for h in handles {
