@@ -465,14 +465,13 @@ async fn insert_plain_run(tx: &mut Tx<'_>, run: &[InsertRequest]) -> Result<Vec<
     // transaction back) spares SQLite the statement journal, a copy of every
     // page the statement touches; and the new rows' `seq` comes back for
     // the tag index.
-    let mut q = Q::new(match d {
-        Dialect::Sqlite => {
-            "INSERT OR FAIL INTO events (community_id, created_at, id, pubkey, kind, d_tag, expires_at, channel, raw) VALUES "
-        }
-        Dialect::Postgres => {
-            "INSERT INTO events (community_id, created_at, id, pubkey, kind, d_tag, expires_at, channel, raw) VALUES "
-        }
-    });
+    let verb = match d {
+        Dialect::Sqlite => "INSERT OR FAIL",
+        Dialect::Postgres => "INSERT",
+    };
+    let mut q = Q::new(format!(
+        "{verb} INTO events (community_id, created_at, id, pubkey, kind, d_tag, expires_at, channel, raw) VALUES "
+    ));
     for (k, r) in fresh.iter().enumerate() {
         d.push_values_row(&mut q.sql, k, 9);
         let e = &r.event;
