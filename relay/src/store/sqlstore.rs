@@ -210,16 +210,7 @@ pub(crate) async fn insert_event_tx(
         }
     };
     let tags = indexed_tags(event);
-    let rows: Vec<TagRow<'_>> = tags
-        .iter()
-        .map(|(name, value)| TagRow {
-            seq,
-            created_at,
-            id: event.id.to_bytes(),
-            name,
-            value,
-        })
-        .collect();
+    let rows: Vec<TagRow<'_>> = TagRow::of(event, seq, &tags).collect();
     insert_tags(tx, community, &rows).await?;
 
     if event.kind.as_u16() == protocol::kinds::DELETION {
@@ -513,15 +504,7 @@ async fn insert_plain_run(tx: &mut Tx<'_>, run: &[InsertRequest]) -> Result<Vec<
             ),
             Dialect::Postgres => None,
         };
-        for (name, value) in pairs {
-            rows.push(TagRow {
-                seq,
-                created_at: i64::try_from(r.event.created_at.as_secs()).unwrap_or(i64::MAX),
-                id,
-                name,
-                value,
-            });
-        }
+        rows.extend(TagRow::of(&r.event, seq, pairs));
     }
     insert_tags(tx, community, &rows).await?;
     Ok(outcomes)
@@ -536,6 +519,21 @@ struct TagRow<'a> {
     id: [u8; 32],
     name: &'a str,
     value: &'a str,
+}
+
+impl<'a> TagRow<'a> {
+    /// The tag index rows of `event`, whose [`indexed_tags`] are `tags`.
+    fn of(event: &Event, seq: Option<i64>, tags: &'a [(String, String)]) -> impl Iterator<Item = TagRow<'a>> {
+        let created_at = i64::try_from(event.created_at.as_secs()).unwrap_or(i64::MAX);
+        let id = event.id.to_bytes();
+        tags.iter().map(move |(name, value)| TagRow {
+            seq,
+            created_at,
+            id,
+            name,
+            value,
+        })
+    }
 }
 
 /// Inserts tag index rows in few statements (at most 500 rows of 6 binds
