@@ -116,6 +116,21 @@ pub async fn run(socket: WebSocket, state: Arc<AppState>, community: Arc<Communi
             Some(checked) = conn.verifying.next(), if !conn.verifying.is_empty() => {
                 conn.after_verify(checked).await.map(|_| true)
             }
+            // Live events before the socket: polling the socket costs a
+            // read-buffer fill (tungstenite zeroes it) even when nothing
+            // came, and a live event is the usual reason this task woke.
+            // The socket still gets its turn whenever no live event waits,
+            // and the live backlog is bounded by `fanout_buffer_events`.
+            item = live.recv() => match item {
+                Ok(p) => conn.on_live(&p).await.map(|_| true),
+                Err(RecvError::Lagged(n)) => {
+                    tracing::warn!(community = %conn.community.id, missed = n, "subscriber fell behind live fan-out");
+                    let _ = conn.notice("error: connection fell behind the live event stream and is closed");
+                    conn.out.close(CLOSE_POLICY, "too slow");
+                    break;
+                }
+                Err(RecvError::Closed) => Ok(false),
+            },
             msg = stream.next(), if conn.verifying.len() + conn.storing.len() < max_inflight => match msg {
                 None | Some(Ok(Message::Close(_))) => Ok(false),
                 Some(Err(e)) => {
@@ -130,16 +145,6 @@ pub async fn run(socket: WebSocket, state: Arc<AppState>, community: Arc<Communi
                     .map(|_| true)
                     .map_err(Stop::from),
                 Some(Ok(_)) => Ok(true), // ping/pong are answered by the library
-            },
-            item = live.recv() => match item {
-                Ok(p) => conn.on_live(&p).await.map(|_| true),
-                Err(RecvError::Lagged(n)) => {
-                    tracing::warn!(community = %conn.community.id, missed = n, "subscriber fell behind live fan-out");
-                    let _ = conn.notice("error: connection fell behind the live event stream and is closed");
-                    conn.out.close(CLOSE_POLICY, "too slow");
-                    break;
-                }
-                Err(RecvError::Closed) => Ok(false),
             },
         };
         match step {

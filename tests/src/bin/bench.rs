@@ -53,8 +53,16 @@ max_outbound_bytes = 67108864\napi_requests_per_second = 1000000\napi_burst = 10
 [channels]\nmembership_kinds = [9]\n[sqlite]\npool_size = 16\n[postgres]\npool_size = 32\n\
 [deliveries]\ndefault_lease_secs = 60\n[workflows]\nrun_poll_interval_ms = 1000\n";
 
+/// Read buffer of every bench connection. tungstenite zero-fills its read
+/// buffer up to this size before each read (128 KiB by default), which in
+/// the fan-out figure was half of the load generator's CPU: 1000 receivers
+/// each zeroing 128 KiB per frame, on the two cores the relay also needs.
+const CLIENT_READ_BUFFER_BYTES: usize = 8 * 1024;
+
 async fn connect(url: &str) -> Ws {
-    let (ws, _) = tokio_tungstenite::connect_async_with_config(url, None, true)
+    let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+        .read_buffer_size(CLIENT_READ_BUFFER_BYTES);
+    let (ws, _) = tokio_tungstenite::connect_async_with_config(url, Some(config), true)
         .await
         .expect("connect");
     ws
