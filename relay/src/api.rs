@@ -14,7 +14,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use crate::http::{error, Authed, Tenant};
+use crate::http::{error, Authed, AuthedCall, Tenant};
 use crate::state::AppState;
 use crate::store::deliveries::{Answer, ClaimRequest, FinishRequest, Refusal};
 use crate::store::StoreError;
@@ -66,8 +66,8 @@ fn body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Refusal> {
 }
 
 /// Per (community, pubkey) rate limit.
-fn limited(state: &AppState, auth: &Authed) -> Option<Response> {
-    let key = format!("{}:{}", auth.tenant.community.id, auth.pubkey.to_hex());
+fn limited(state: &AppState, tenant: &Tenant, caller: &nostr::prelude::PublicKey) -> Option<Response> {
+    let key = format!("{}:{}", tenant.community.id, caller.to_hex());
     (!state.api_limits.try_take(&key)).then(|| {
         error(
             StatusCode::TOO_MANY_REQUESTS,
@@ -77,8 +77,8 @@ fn limited(state: &AppState, auth: &Authed) -> Option<Response> {
     })
 }
 
-async fn claim(State(state): State<Arc<AppState>>, auth: Authed) -> Response {
-    if let Some(r) = limited(&state, &auth) {
+async fn claim(State(state): State<Arc<AppState>>, auth: AuthedCall) -> Response {
+    if let Some(r) = limited(&state, &auth.tenant, &auth.pubkey) {
         return r;
     }
     let req: ClaimRequest = match body(&auth.body) {
@@ -88,7 +88,7 @@ async fn claim(State(state): State<Arc<AppState>>, auth: Authed) -> Response {
     let community = &auth.tenant.community.id;
     let r = state
         .store
-        .claim(community, &auth.pubkey, &req, &state.cfg.deliveries)
+        .claim(community, &auth.spend, &auth.pubkey, &req, &state.cfg.deliveries)
         .await;
     answer(r, |d| json!({"delivery": d.map(|d| d.claim_view())}))
 }
@@ -100,8 +100,8 @@ struct RenewRequest {
     lease_seconds: Option<u64>,
 }
 
-async fn renew(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth: Authed) -> Response {
-    if let Some(r) = limited(&state, &auth) {
+async fn renew(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth: AuthedCall) -> Response {
+    if let Some(r) = limited(&state, &auth.tenant, &auth.pubkey) {
         return r;
     }
     let req: RenewRequest = match body(&auth.body) {
@@ -113,6 +113,7 @@ async fn renew(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth:
         .store
         .renew(
             community,
+            &auth.spend,
             &auth.pubkey,
             &id,
             &req.claim_token,
@@ -131,8 +132,8 @@ struct OperationRequest {
     effect: String,
 }
 
-async fn operation(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth: Authed) -> Response {
-    if let Some(r) = limited(&state, &auth) {
+async fn operation(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth: AuthedCall) -> Response {
+    if let Some(r) = limited(&state, &auth.tenant, &auth.pubkey) {
         return r;
     }
     let req: OperationRequest = match body(&auth.body) {
@@ -144,6 +145,7 @@ async fn operation(State(state): State<Arc<AppState>>, Path(id): Path<String>, a
         .store
         .record_operation(
             community,
+            &auth.spend,
             &auth.pubkey,
             &id,
             &req.claim_token,
@@ -155,8 +157,8 @@ async fn operation(State(state): State<Arc<AppState>>, Path(id): Path<String>, a
     answer(r, |()| json!({"recorded": true}))
 }
 
-async fn finish(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth: Authed) -> Response {
-    if let Some(r) = limited(&state, &auth) {
+async fn finish(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth: AuthedCall) -> Response {
+    if let Some(r) = limited(&state, &auth.tenant, &auth.pubkey) {
         return r;
     }
     let req: FinishRequest = match body(&auth.body) {
@@ -172,7 +174,15 @@ async fn finish(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth
     let keys = auth.tenant.community.keys.clone();
     let r = state
         .store
-        .finish(&community, &keys, &auth.pubkey, &id, &req, &state.cfg.deliveries)
+        .finish(
+            &community,
+            &auth.spend,
+            &keys,
+            &auth.pubkey,
+            &id,
+            &req,
+            &state.cfg.deliveries,
+        )
         .await;
     match r {
         Ok(Ok(f)) => {
@@ -205,7 +215,7 @@ async fn list_deliveries(
     Query(q): Query<ListQuery>,
     auth: Authed,
 ) -> Response {
-    if let Some(r) = limited(&state, &auth) {
+    if let Some(r) = limited(&state, &auth.tenant, &auth.pubkey) {
         return r;
     }
     const STATUSES: [&str; 6] = [
@@ -255,7 +265,7 @@ async fn webhook_secret(
     Path(id): Path<String>,
     auth: Authed,
 ) -> Response {
-    if let Some(r) = limited(&state, &auth) {
+    if let Some(r) = limited(&state, &auth.tenant, &auth.pubkey) {
         return r;
     }
     let secret = hex::encode(rand::random::<[u8; 32]>());
@@ -269,7 +279,7 @@ async fn webhook_secret(
 }
 
 async fn manual_run(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth: Authed) -> Response {
-    if let Some(r) = limited(&state, &auth) {
+    if let Some(r) = limited(&state, &auth.tenant, &auth.pubkey) {
         return r;
     }
     let input: Value = match body(&auth.body) {
@@ -310,7 +320,7 @@ async fn list_runs(
     Query(q): Query<RunsQuery>,
     auth: Authed,
 ) -> Response {
-    if let Some(r) = limited(&state, &auth) {
+    if let Some(r) = limited(&state, &auth.tenant, &auth.pubkey) {
         return r;
     }
     let limit = q.limit.unwrap_or(50).clamp(1, state.cfg.deliveries.max_page);

@@ -88,11 +88,17 @@ async fn wake(state: &AppState, community: &str, keys: &Keys, d: &NewDelivery) {
 async fn advance(state: &AppState, community: &str, keys: &Keys, run_id: &str) {
     // Bounded: a run has at most MAX_STEPS steps.
     for _ in 0..=protocol::workflow::MAX_STEPS {
-        match state
+        let started = std::time::Instant::now();
+        let step = state
             .store
             .execute_run_step(community, keys, run_id, &state.cfg.deliveries)
-            .await
-        {
+            .await;
+        tracing::debug!(
+            run_id,
+            elapsed_us = started.elapsed().as_micros() as u64,
+            "run step"
+        );
+        match step {
             Ok(out) => {
                 announce(state, community, out.published);
                 for d in &out.new_deliveries {

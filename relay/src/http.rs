@@ -15,6 +15,7 @@ use tower_http::cors::{AllowHeaders, Any, CorsLayer};
 
 use crate::community::Community;
 use crate::state::AppState;
+use crate::store::api::HttpAuthUse;
 
 /// Supported NIPs, as advertised in NIP-11.
 pub const SUPPORTED_NIPS: &[u16] = &[1, 9, 11, 29, 40, 42, 45, 70, 98];
@@ -75,7 +76,8 @@ impl FromRequestParts<Arc<AppState>> for Tenant {
 
 /// A request authenticated with NIP-98, with its body read (bounded by
 /// `limits.max_http_body_bytes`). Every check that fails answers 401 with
-/// `{"error": "<check>", "message": …}`; each auth event is accepted once.
+/// `{"error": "<check>", "message": …}`; each auth event is accepted once:
+/// it is recorded as used before the handler runs.
 pub struct Authed {
     pub tenant: Tenant,
     pub pubkey: nostr::prelude::PublicKey,
@@ -84,60 +86,97 @@ pub struct Authed {
     pub body: axum::body::Bytes,
 }
 
+/// A NIP-98 request whose auth event is spent by the one store call it
+/// authorises (the delivery calls), in that call's transaction: one group
+/// commit per request instead of two, which is half of an agent's waits
+/// for the write lock. The record is kept even when the call is refused;
+/// a replay is answered 401 `auth_replayed` by the store call.
+pub struct AuthedCall {
+    pub tenant: Tenant,
+    pub pubkey: nostr::prelude::PublicKey,
+    pub body: axum::body::Bytes,
+    /// The auth event to record as used; the store call requires it.
+    pub spend: HttpAuthUse,
+}
+
+/// Verifies a request's NIP-98 header against its method, URL and body;
+/// returns the tenant, the auth event and the body.
+async fn nip98(
+    req: axum::extract::Request,
+    state: &Arc<AppState>,
+) -> Result<(Tenant, nostr::prelude::Event, axum::body::Bytes), Response> {
+    let (mut parts, body) = req.into_parts();
+    let tenant = Tenant::from_request_parts(&mut parts, state).await?;
+    let limit = state.cfg.limits.max_http_body_bytes;
+    let body = axum::body::to_bytes(body, limit).await.map_err(|_| {
+        error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("request body exceeds {limit} bytes"),
+        )
+    })?;
+    let scheme = if tenant.community.is_secure() {
+        "https"
+    } else {
+        "http"
+    };
+    let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    let url = format!("{scheme}://{}{path}", tenant.host);
+    let header = parts
+        .headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let now = crate::state::unix_now();
+    let method = parts.method.as_str().to_string();
+    let checked_body = body.clone();
+    // The signature check runs on the verification pool, off the executor.
+    let verified = crate::verify::off_executor(move || {
+        let req = protocol::nip98::Request {
+            method: &method,
+            url: &url,
+            body: &checked_body,
+            now,
+        };
+        protocol::nip98::verify(header.as_deref(), &req)
+    })
+    .await
+    .ok_or_else(|| {
+        error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "verification_unavailable",
+            "try again",
+        )
+    })?;
+    let event = verified.map_err(|e| error(StatusCode::UNAUTHORIZED, e.code(), e.to_string()))?;
+    Ok((tenant, event, body))
+}
+
+/// How long an auth event is remembered: past the window in which it could
+/// still be accepted.
+fn spend_of(event: &nostr::prelude::Event) -> HttpAuthUse {
+    HttpAuthUse {
+        event_id: event.id.to_bytes(),
+        keep_until: i64::try_from(event.created_at.as_secs() + 2 * protocol::nip98::MAX_SKEW_SECS)
+            .unwrap_or(i64::MAX),
+    }
+}
+
+/// The answer to a replayed auth event.
+pub fn replayed() -> Response {
+    let e = protocol::nip98::Nip98Error::Replayed;
+    error(StatusCode::UNAUTHORIZED, e.code(), e.to_string())
+}
+
 impl axum::extract::FromRequest<Arc<AppState>> for Authed {
     type Rejection = Response;
 
     async fn from_request(req: axum::extract::Request, state: &Arc<AppState>) -> Result<Self, Response> {
-        let (mut parts, body) = req.into_parts();
-        let tenant = Tenant::from_request_parts(&mut parts, state).await?;
-        let limit = state.cfg.limits.max_http_body_bytes;
-        let body = axum::body::to_bytes(body, limit).await.map_err(|_| {
-            error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
-                format!("request body exceeds {limit} bytes"),
-            )
-        })?;
-        let scheme = if tenant.community.is_secure() {
-            "https"
-        } else {
-            "http"
-        };
-        let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-        let url = format!("{scheme}://{}{path}", tenant.host);
-        let header = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        let now = crate::state::unix_now();
-        let method = parts.method.as_str().to_string();
-        let checked_body = body.clone();
-        // The signature check runs on the verification pool, off the executor.
-        let verified = crate::verify::off_executor(move || {
-            let req = protocol::nip98::Request {
-                method: &method,
-                url: &url,
-                body: &checked_body,
-                now,
-            };
-            protocol::nip98::verify(header.as_deref(), &req)
-        })
-        .await
-        .ok_or_else(|| {
-            error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "verification_unavailable",
-                "try again",
-            )
-        })?;
-        let event = verified.map_err(|e| error(StatusCode::UNAUTHORIZED, e.code(), e.to_string()))?;
-        // Remember it past the window in which it could still be accepted.
-        let keep_until = i64::try_from(event.created_at.as_secs() + 2 * protocol::nip98::MAX_SKEW_SECS)
-            .unwrap_or(i64::MAX);
+        let (tenant, event, body) = nip98(req, state).await?;
+        let spend = spend_of(&event);
         match state
             .store
-            .use_http_auth(&tenant.community.id, &event.id.to_bytes(), keep_until)
+            .use_http_auth(&tenant.community.id, &spend.event_id, spend.keep_until)
             .await
         {
             Ok(true) => Ok(Authed {
@@ -146,10 +185,7 @@ impl axum::extract::FromRequest<Arc<AppState>> for Authed {
                 event_id: event.id.to_hex(),
                 body,
             }),
-            Ok(false) => {
-                let e = protocol::nip98::Nip98Error::Replayed;
-                Err(error(StatusCode::UNAUTHORIZED, e.code(), e.to_string()))
-            }
+            Ok(false) => Err(replayed()),
             Err(e) => {
                 tracing::error!(error = %e, "recording NIP-98 auth failed");
                 Err(error(
@@ -159,6 +195,20 @@ impl axum::extract::FromRequest<Arc<AppState>> for Authed {
                 ))
             }
         }
+    }
+}
+
+impl axum::extract::FromRequest<Arc<AppState>> for AuthedCall {
+    type Rejection = Response;
+
+    async fn from_request(req: axum::extract::Request, state: &Arc<AppState>) -> Result<Self, Response> {
+        let (tenant, event, body) = nip98(req, state).await?;
+        Ok(AuthedCall {
+            tenant,
+            pubkey: event.pubkey,
+            body,
+            spend: spend_of(&event),
+        })
     }
 }
 

@@ -7,6 +7,7 @@ pub mod community;
 pub mod engine;
 
 pub mod config;
+pub mod dedicated;
 pub mod faults;
 
 pub mod http;

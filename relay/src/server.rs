@@ -56,13 +56,16 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
 
     spawn_signal_handler(state.clone());
     let mut background = vec![
-        tokio::spawn(expiry_sweeper(state.clone(), sweep_every)),
-        tokio::spawn(maintenance(state.clone())),
-        tokio::spawn(crate::engine::run(state.clone())),
+        tokio::spawn(expiry_sweeper(state.clone(), sweep_every)).abort_handle(),
+        tokio::spawn(maintenance(state.clone())).abort_handle(),
+        // Its own thread: it holds the write lock across the statements of
+        // a step (see `dedicated`).
+        crate::dedicated::spawn("workflow-engine", crate::engine::run(state.clone()))
+            .context("starting the workflow engine")?,
     ];
 
     if let Some(remote) = remote {
-        background.push(tokio::spawn(forward_remote(state.clone(), remote)));
+        background.push(tokio::spawn(forward_remote(state.clone(), remote)).abort_handle());
     }
 
     let app = crate::http::router(state.clone());

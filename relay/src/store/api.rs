@@ -16,6 +16,23 @@ use super::workflows::{self, StepOutcome};
 use super::StoreError;
 use crate::config::DeliveryConfig;
 
+/// A NIP-98 auth event that a delivery call spends: recorded as used in the
+/// call's own transaction, before the call and outside its savepoint, so the
+/// record stands even when the call is refused. An event already recorded
+/// makes the call answer 401 `auth_replayed` without running it.
+#[derive(Debug, Clone, Copy)]
+pub struct HttpAuthUse {
+    pub event_id: [u8; 32],
+    /// Unix seconds until which the record is kept (then swept).
+    pub keep_until: i64,
+}
+
+/// The refusal of a replayed auth event (the same as the HTTP layer's).
+fn replayed() -> Refusal {
+    let e = protocol::nip98::Nip98Error::Replayed;
+    Refusal::new(401, e.code(), e.to_string())
+}
+
 /// Workflows, runs and deliveries.
 #[async_trait]
 pub trait WorkflowStore: Send + Sync {
@@ -78,6 +95,7 @@ pub trait WorkflowStore: Send + Sync {
     async fn claim(
         &self,
         community: &str,
+        auth: &HttpAuthUse,
         caller: &PublicKey,
         req: &ClaimRequest,
         cfg: &DeliveryConfig,
@@ -86,6 +104,7 @@ pub trait WorkflowStore: Send + Sync {
     async fn renew(
         &self,
         community: &str,
+        auth: &HttpAuthUse,
         caller: &PublicKey,
         id: &str,
         token: &str,
@@ -97,6 +116,7 @@ pub trait WorkflowStore: Send + Sync {
     async fn record_operation(
         &self,
         community: &str,
+        auth: &HttpAuthUse,
         caller: &PublicKey,
         id: &str,
         token: &str,
@@ -109,6 +129,7 @@ pub trait WorkflowStore: Send + Sync {
     async fn finish(
         &self,
         community: &str,
+        auth: &HttpAuthUse,
         keys: &Keys,
         caller: &PublicKey,
         id: &str,
@@ -275,6 +296,7 @@ impl WorkflowStore for SqlStore {
     async fn claim(
         &self,
         community: &str,
+        auth: &HttpAuthUse,
         caller: &PublicKey,
         req: &ClaimRequest,
         cfg: &DeliveryConfig,
@@ -285,8 +307,9 @@ impl WorkflowStore for SqlStore {
             req: req.clone(),
             cfg: cfg.clone(),
         };
-        match self.calls.run(call).await? {
+        match self.calls.run_spending(*auth, call).await? {
             Done::Claim(a) => Ok(a),
+            Done::Replayed => Ok(Err(replayed())),
             _ => Err(mismatch()),
         }
     }
@@ -294,6 +317,7 @@ impl WorkflowStore for SqlStore {
     async fn renew(
         &self,
         community: &str,
+        auth: &HttpAuthUse,
         caller: &PublicKey,
         id: &str,
         token: &str,
@@ -308,8 +332,9 @@ impl WorkflowStore for SqlStore {
             lease_seconds,
             cfg: cfg.clone(),
         };
-        match self.calls.run(call).await? {
+        match self.calls.run_spending(*auth, call).await? {
             Done::Renew(a) => Ok(a),
+            Done::Replayed => Ok(Err(replayed())),
             _ => Err(mismatch()),
         }
     }
@@ -317,6 +342,7 @@ impl WorkflowStore for SqlStore {
     async fn record_operation(
         &self,
         community: &str,
+        auth: &HttpAuthUse,
         caller: &PublicKey,
         id: &str,
         token: &str,
@@ -333,8 +359,9 @@ impl WorkflowStore for SqlStore {
             effect: effect.to_string(),
             cfg: cfg.clone(),
         };
-        match self.calls.run(call).await? {
+        match self.calls.run_spending(*auth, call).await? {
             Done::Operation(a) => Ok(a),
+            Done::Replayed => Ok(Err(replayed())),
             _ => Err(mismatch()),
         }
     }
@@ -342,6 +369,7 @@ impl WorkflowStore for SqlStore {
     async fn finish(
         &self,
         community: &str,
+        auth: &HttpAuthUse,
         keys: &Keys,
         caller: &PublicKey,
         id: &str,
@@ -356,8 +384,9 @@ impl WorkflowStore for SqlStore {
             req: req.clone(),
             cfg: cfg.clone(),
         };
-        match self.calls.run(call).await? {
+        match self.calls.run_spending(*auth, call).await? {
             Done::Finish(a) => Ok(a),
+            Done::Replayed => Ok(Err(replayed())),
             _ => Err(mismatch()),
         }
     }

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use nostr::prelude::{Event, Keys, PublicKey};
 use tokio::sync::{mpsc, oneshot};
 
+use super::api::HttpAuthUse;
 use super::db::{Conn, Dialect, Pool, Tx, Q};
 use super::deliveries::{self, Answer, ClaimRequest, Delivery, FinishRequest, Finished};
 use super::{InsertOutcome, Published, StoreError};
@@ -84,6 +85,8 @@ pub(crate) enum Done {
     Operation(Answer<()>),
     Finish(Answer<Finished>),
     ChannelEvent(InsertOutcome, Published),
+    /// The call's auth event was already used: the call did not run.
+    Replayed,
 }
 
 impl Done {
@@ -98,6 +101,7 @@ impl Done {
             Done::Operation(a) => a.is_ok(),
             Done::Finish(a) => a.is_ok(),
             Done::ChannelEvent(outcome, _) => *outcome == InsertOutcome::Stored,
+            Done::Replayed => true,
         }
     }
 
@@ -120,20 +124,17 @@ impl Call {
                 community,
                 event_id,
                 expires_at,
-            } => {
-                let n = tx
-                    .exec(
-                        Q::new(
-                            "INSERT INTO http_auth_seen (community_id, event_id, expires_at) VALUES ($1, $2, $3) \
-                             ON CONFLICT DO NOTHING",
-                        )
-                        .bind(community.as_str())
-                        .bind(*event_id)
-                        .bind(*expires_at),
-                    )
-                    .await?;
-                Done::HttpAuth(n == 1)
-            }
+            } => Done::HttpAuth(
+                spend(
+                    tx,
+                    community,
+                    &HttpAuthUse {
+                        event_id: *event_id,
+                        keep_until: *expires_at,
+                    },
+                )
+                .await?,
+            ),
             Call::Claim {
                 community,
                 caller,
@@ -205,6 +206,22 @@ impl Call {
     }
 }
 
+/// Records a NIP-98 auth event as used; `false` when it already was.
+async fn spend(tx: &mut Tx<'_>, community: &str, auth: &HttpAuthUse) -> Result<bool, StoreError> {
+    let n = tx
+        .exec(
+            Q::new(
+                "INSERT INTO http_auth_seen (community_id, event_id, expires_at) VALUES ($1, $2, $3) \
+                 ON CONFLICT DO NOTHING",
+            )
+            .bind(community)
+            .bind(auth.event_id)
+            .bind(auth.keep_until),
+        )
+        .await?;
+    Ok(n == 1)
+}
+
 /// The error for an answer of the wrong variant (a bug in this module).
 pub(crate) fn mismatch() -> StoreError {
     StoreError::Corrupt("the call writer answered another call".into())
@@ -213,6 +230,8 @@ pub(crate) fn mismatch() -> StoreError {
 /// A queued call and where its answer goes.
 struct Job {
     call: Call,
+    /// The auth event the call spends (recorded before it runs).
+    spends: Option<HttpAuthUse>,
     reply: oneshot::Sender<Result<Done, StoreError>>,
 }
 
@@ -225,18 +244,29 @@ pub(crate) struct Calls {
 impl Calls {
     /// Starts the writer task on `pool`; `origin` names this process in
     /// cross-process announcements.
-    pub(crate) fn start(pool: Pool, origin: String, queue: usize, batch: usize) -> Self {
+    pub(crate) fn start(pool: Pool, origin: String, queue: usize, batch: usize) -> Result<Self, StoreError> {
         assert!(queue > 0 && (1..=64).contains(&batch), "call writer bounds");
         let (tx, rx) = mpsc::channel(queue);
-        tokio::spawn(writer(pool, origin, rx, batch));
-        Self { tx }
+        crate::dedicated::spawn("call-writer", writer(pool, origin, rx, batch))
+            .map_err(|e| StoreError::Start(format!("call writer: {e}")))?;
+        Ok(Self { tx })
     }
 
     /// Runs `call` in the next group transaction; answers after its commit.
     pub(crate) async fn run(&self, call: Call) -> Result<Done, StoreError> {
+        self.submit(None, call).await
+    }
+
+    /// Runs `call` in the next group transaction after recording `auth` as
+    /// used ([`Done::Replayed`], and the call not run, if it already was).
+    pub(crate) async fn run_spending(&self, auth: HttpAuthUse, call: Call) -> Result<Done, StoreError> {
+        self.submit(Some(auth), call).await
+    }
+
+    async fn submit(&self, spends: Option<HttpAuthUse>, call: Call) -> Result<Done, StoreError> {
         let (reply, rx) = oneshot::channel();
         self.tx
-            .send(Job { call, reply })
+            .send(Job { call, spends, reply })
             .await
             .map_err(|_| StoreError::Batch("the call writer stopped".into()))?;
         rx.await
@@ -252,9 +282,15 @@ async fn writer(pool: Pool, origin: String, mut rx: mpsc::Receiver<Job>, batch_m
     let mut batch = Vec::with_capacity(batch_max);
     while let Some(first) = rx.recv().await {
         batch.push(first);
+        let asked = std::time::Instant::now();
         // Keep the connection while calls keep coming (bounded), so that a
         // batch does not wait for the connection to come back to the pool.
-        let mut conn = match pool.acquire_writer().await {
+        let acquired = pool.acquire_writer().await;
+        tracing::debug!(
+            waited_us = asked.elapsed().as_micros() as u64,
+            "call writer got the write connection"
+        );
+        let mut conn = match acquired {
             Ok(c) => c,
             Err(e) => {
                 let text = e.to_string();
@@ -313,6 +349,19 @@ async fn run_batch(conn: &mut Conn, origin: &str, batch: &[Job]) -> (Vec<Result<
     let mut answers: Vec<Result<Done, StoreError>> = Vec::with_capacity(batch.len());
     let postgres = tx.dialect() == Dialect::Postgres;
     for job in batch {
+        // The auth record first, outside the call's savepoint: it stands
+        // even if the call is refused (the request was made). It writes
+        // nothing on a replay; an error fails the batch like any other.
+        if let Some(auth) = &job.spends {
+            match spend(&mut tx, job.call.community(), auth).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    answers.push(Ok(Done::Replayed));
+                    continue;
+                }
+                Err(e) => return fail_all(&e),
+            }
+        }
         // PostgreSQL aborts the whole transaction on any error, so every call
         // gets a savepoint there; on SQLite only calls with several writes.
         // Savepoints are not released: they nest, at most `call_batch` deep,

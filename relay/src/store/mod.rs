@@ -99,6 +99,9 @@ pub enum StoreError {
     /// A batched write failed as a whole (the cause, as text).
     #[error("batched write failed: {0}")]
     Batch(String),
+    /// A writer thread could not be started.
+    #[error("starting a store writer: {0}")]
+    Start(String),
 }
 
 pub use api::WorkflowStore;
@@ -236,10 +239,10 @@ pub async fn open(cfg: &crate::config::Config) -> Result<std::sync::Arc<dyn Stor
             pool,
             ahead,
             &cfg.writer,
-        )))
+        )?))
     } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
         let pool = db::Pool::Postgres(postgres::open(url, &cfg.postgres).await?);
-        let store = sqlstore::SqlStore::new(pool, ahead, &cfg.writer);
+        let store = sqlstore::SqlStore::new(pool, ahead, &cfg.writer)?;
         store.maintain(crate::state::unix_now()).await?;
         Ok(std::sync::Arc::new(store))
     } else {

@@ -42,23 +42,22 @@ struct InsertRequest {
 
 impl SqlStore {
     /// Wraps `pool` and starts its two writers (see [`WriterConfig`]).
-    pub fn new(pool: Pool, partition_months_ahead: u32, w: &WriterConfig) -> Self {
+    pub fn new(pool: Pool, partition_months_ahead: u32, w: &WriterConfig) -> Result<Self, StoreError> {
         let origin = hex::encode(rand::random::<[u8; 8]>());
         let (tx, rx) = mpsc::channel(w.event_queue.max(1));
-        tokio::spawn(batch_writer(
-            pool.clone(),
-            origin.clone(),
-            rx,
-            w.event_batch.max(1),
-        ));
-        let calls = super::group::Calls::start(pool.clone(), origin.clone(), w.call_queue, w.call_batch);
-        Self {
+        crate::dedicated::spawn(
+            "event-writer",
+            batch_writer(pool.clone(), origin.clone(), rx, w.event_batch.max(1)),
+        )
+        .map_err(|e| StoreError::Start(format!("event writer: {e}")))?;
+        let calls = super::group::Calls::start(pool.clone(), origin.clone(), w.call_queue, w.call_batch)?;
+        Ok(Self {
             pool,
             origin,
             partition_months_ahead,
             writer: tx,
             calls,
-        }
+        })
     }
 
     pub fn dialect(&self) -> Dialect {
