@@ -101,6 +101,7 @@ pub trait WorkflowStore: Send + Sync {
         cfg: &DeliveryConfig,
     ) -> Result<Answer<Option<Delivery>>, StoreError>;
 
+    #[allow(clippy::too_many_arguments)]
     async fn renew(
         &self,
         community: &str,
@@ -314,6 +315,7 @@ impl WorkflowStore for SqlStore {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn renew(
         &self,
         community: &str,
