@@ -57,9 +57,8 @@ struct Conn {
     subs: HashMap<String, Subscription>,
     /// The community's live events, only while there is a subscription:
     /// every published event wakes every receiver, and a connection that
-    /// only publishes (or idles) has nothing to do with them. Measured
-    /// before: from 256 publishing connections each accepted event woke all
-    /// 256 of them.
+    /// only publishes (or idles) has nothing to do with them. Before, with
+    /// 256 connections publishing, each accepted event woke all 256.
     live: Option<broadcast::Receiver<Arc<Published>>>,
     bucket: TokenBucket,
     out: Outbound,
