@@ -163,7 +163,7 @@ fn spend_of(event: &nostr::prelude::Event) -> HttpAuthUse {
 }
 
 /// The answer to a replayed auth event.
-pub fn replayed() -> Response {
+fn replayed() -> Response {
     let e = protocol::nip98::Nip98Error::Replayed;
     error(StatusCode::UNAUTHORIZED, e.code(), e.to_string())
 }
