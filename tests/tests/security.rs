@@ -184,6 +184,24 @@ async fn delivery_endpoints_refuse_every_wrong_caller(backend: Backend) {
     ] {
         assert_eq!(after[key], before[key], "{key} changed");
     }
+    // One header sent many times at once (the requests can share a group
+    // commit): exactly one is served, every other is a replay.
+    let path = format!("/deliveries/{id}/renew");
+    let body = json!({"claim_token": token, "lease_seconds": 30})
+        .to_string()
+        .into_bytes();
+    let header = protocol::nip98::header(&a, "POST", &format!("http://{host}{path}"), &body);
+    let http = relay.http_url();
+    let answers = futures_util::future::join_all(
+        (0..16).map(|_| http_raw(&http, &host, "POST", &path, Some(&header), &body)),
+    )
+    .await;
+    let served = answers.iter().filter(|(s, _)| *s == 200).count();
+    let replayed = answers
+        .iter()
+        .filter(|(s, v)| (*s, code(v).as_str()) == (401, "auth_replayed"))
+        .count();
+    assert_eq!((served, replayed), (1, 15), "{answers:?}");
     // And its holder can still finish it.
     let (s, v) = api(
         &relay,

@@ -114,6 +114,9 @@ pub struct Delivery {
     pub updated_at: i64,
 }
 
+/// How many columns [`COLS`] names.
+const COLS_N: usize = 26;
+
 fn delivery(r: &Row) -> Result<Delivery, StoreError> {
     Ok(Delivery {
         id: r.text(0)?,
@@ -196,17 +199,32 @@ impl Delivery {
 }
 
 async fn load(tx: &mut Tx<'_>, community: &str, id: &str) -> Result<Option<Delivery>, StoreError> {
+    Ok(load_with_membership(tx, community, id).await?.map(|(d, _)| d))
+}
+
+/// A row (locked on PostgreSQL) and whether its target is a member of its
+/// channel, in one statement: a finish needs both.
+async fn load_with_membership(
+    tx: &mut Tx<'_>,
+    community: &str,
+    id: &str,
+) -> Result<Option<(Delivery, bool)>, StoreError> {
     let lock = if tx.dialect() == Dialect::Postgres {
         " FOR UPDATE"
     } else {
         ""
     };
     let q = Q::new(format!(
-        "SELECT {COLS} FROM workflow_agent_deliveries WHERE community_id = $1 AND id = $2{lock}"
+        "SELECT {COLS}, EXISTS (SELECT 1 FROM channel_members m WHERE m.community_id = d.community_id \
+         AND m.channel_id = d.channel AND m.pubkey = d.target_pubkey) \
+         FROM workflow_agent_deliveries d WHERE d.community_id = $1 AND d.id = $2{lock}"
     ))
     .bind(community)
     .bind(id);
-    tx.one(q).await?.as_ref().map(delivery).transpose()
+    match tx.one(q).await? {
+        Some(row) => Ok(Some((delivery(&row)?, row.bool(COLS_N)?))),
+        None => Ok(None),
+    }
 }
 
 /// Loads a row for a holder's call and checks the fence; the refusal says
@@ -586,15 +604,11 @@ pub struct Finished {
 }
 
 /// Checks a reply: a kind 9 by the target, in the delivery's channel, whose
-/// author is still a member. (Its id and signature are checked by the caller,
-/// off the executor and outside any transaction.)
-async fn check_reply(
-    tx: &mut Tx<'_>,
-    community: &str,
-    d: &Delivery,
-    reply: &Event,
-) -> Result<Answer<()>, StoreError> {
-    let bad = |m: &str| Ok(Err(Refusal::new(400, "bad_reply", m.to_string())));
+/// author is still a member (`member`, read with the row). (Its id and
+/// signature are checked by the caller, off the executor and outside any
+/// transaction.)
+fn check_reply(d: &Delivery, member: bool, reply: &Event) -> Answer<()> {
+    let bad = |m: &str| Err(Refusal::new(400, "bad_reply", m.to_string()));
     if reply.kind.as_u16() != protocol::workflow::MESSAGE_KIND {
         return bad("reply must be a kind 9");
     }
@@ -604,24 +618,14 @@ async fn check_reply(
     if crate::store::channels::h_tag(reply) != Some(d.channel.as_str()) {
         return bad("reply must carry the delivery's channel as its h tag");
     }
-    let member = tx
-        .exists(
-            Q::new(
-                "SELECT 1 FROM channel_members WHERE community_id = $1 AND channel_id = $2 AND pubkey = $3",
-            )
-            .bind(community)
-            .bind(d.channel.as_str())
-            .bind(d.target),
-        )
-        .await?;
     if !member {
-        return Ok(Err(Refusal::new(
+        return Err(Refusal::new(
             403,
             "not_member",
             "the agent is no longer a member of the channel",
-        )));
+        ));
     }
-    Ok(Ok(()))
+    Ok(())
 }
 
 /// Finishes an attempt; the reply (if any) and the new status commit together.
@@ -643,7 +647,7 @@ pub async fn finish(
         )));
     }
     let now = tx.now().await?;
-    let Some(d) = load(tx, community, id).await? else {
+    let Some((d, member)) = load_with_membership(tx, community, id).await? else {
         return Ok(Err(Refusal::new(
             404,
             "not_found",
@@ -674,7 +678,7 @@ pub async fn finish(
     let mut published = Vec::new();
     let mut reply_id: Option<[u8; 32]> = None;
     if let Some(reply) = &req.reply {
-        if let Err(r) = check_reply(tx, community, &d, reply).await? {
+        if let Err(r) = check_reply(&d, member, reply) {
             return Ok(Err(r));
         }
         let raw = serde_json::to_string(reply).map_err(|e| StoreError::Corrupt(e.to_string()))?;
@@ -868,4 +872,14 @@ pub async fn list_own(
 /// One delivery by id (operators).
 pub async fn show(tx: &mut Tx<'_>, community: &str, id: &str) -> Result<Option<Delivery>, StoreError> {
     load(tx, community, id).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{COLS, COLS_N};
+
+    #[test]
+    fn cols_n_counts_cols() {
+        assert_eq!(COLS.split(',').count(), COLS_N);
+    }
 }

@@ -31,11 +31,9 @@ use crate::config::{ChannelPolicy, DeliveryConfig};
 /// not matter enough to box them.
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Call {
-    HttpAuth {
-        community: String,
-        event_id: [u8; 32],
-        expires_at: i64,
-    },
+    /// Nothing but the job's auth record (a NIP-98 request that writes
+    /// nothing else): submitted with [`Calls::run_spending`].
+    HttpAuth { community: String },
     Claim {
         community: String,
         caller: PublicKey,
@@ -79,7 +77,8 @@ pub(crate) enum Call {
 /// What a call answered.
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Done {
-    HttpAuth(bool),
+    /// The auth event was recorded as used (it had not been).
+    HttpAuth,
     Claim(Answer<Option<Delivery>>),
     Renew(Answer<i64>),
     Operation(Answer<()>),
@@ -95,7 +94,7 @@ impl Done {
     /// not have been committed either).
     fn keeps(&self) -> bool {
         match self {
-            Done::HttpAuth(_) => true,
+            Done::HttpAuth => true,
             Done::Claim(a) => a.is_ok(),
             Done::Renew(a) => a.is_ok(),
             Done::Operation(a) => a.is_ok(),
@@ -120,21 +119,9 @@ impl Done {
 impl Call {
     async fn run(&self, tx: &mut Tx<'_>) -> Result<Done, StoreError> {
         Ok(match self {
-            Call::HttpAuth {
-                community,
-                event_id,
-                expires_at,
-            } => Done::HttpAuth(
-                spend(
-                    tx,
-                    community,
-                    &HttpAuthUse {
-                        event_id: *event_id,
-                        keep_until: *expires_at,
-                    },
-                )
-                .await?,
-            ),
+            // Its record was written before the calls ran (`spend_all`):
+            // a replay never gets here.
+            Call::HttpAuth { .. } => Done::HttpAuth,
             Call::Claim {
                 community,
                 caller,
@@ -206,20 +193,57 @@ impl Call {
     }
 }
 
-/// Records a NIP-98 auth event as used; `false` when it already was.
-async fn spend(tx: &mut Tx<'_>, community: &str, auth: &HttpAuthUse) -> Result<bool, StoreError> {
-    let n = tx
-        .exec(
-            Q::new(
-                "INSERT INTO http_auth_seen (community_id, event_id, expires_at) VALUES ($1, $2, $3) \
-                 ON CONFLICT DO NOTHING",
-            )
-            .bind(community)
-            .bind(auth.event_id)
-            .bind(auth.keep_until),
-        )
-        .await?;
-    Ok(n == 1)
+/// Records the NIP-98 auth events that the jobs of a batch spend, in one
+/// statement; returns, per job, whether its event was fresh (`None`: the
+/// job spends none). Of two jobs spending the same event, the first gets
+/// it: the later one is a replay, as if it had come in a later batch.
+async fn spend_all(tx: &mut Tx<'_>, batch: &[Job]) -> Result<Vec<Option<bool>>, StoreError> {
+    let keys: Vec<Option<(&str, &HttpAuthUse)>> = batch
+        .iter()
+        .map(|j| j.spends.as_ref().map(|a| (j.call.community(), a)))
+        .collect();
+    let mut firsts: Vec<(&str, &HttpAuthUse)> = Vec::with_capacity(batch.len());
+    for (community, auth) in keys.iter().flatten() {
+        if !firsts
+            .iter()
+            .any(|(c, a)| c == community && a.event_id == auth.event_id)
+        {
+            firsts.push((community, auth));
+        }
+    }
+    if firsts.is_empty() {
+        return Ok(vec![None; batch.len()]);
+    }
+    let d = tx.dialect();
+    let mut q = Q::new("INSERT INTO http_auth_seen (community_id, event_id, expires_at) VALUES ");
+    for (k, (community, auth)) in firsts.iter().enumerate() {
+        d.push_values_row(&mut q.sql, k, 3);
+        q = q.bind(*community).bind(auth.event_id).bind(auth.keep_until);
+    }
+    q.sql
+        .push_str(" ON CONFLICT DO NOTHING RETURNING community_id, event_id");
+    let mut fresh: Vec<(String, [u8; 32])> = Vec::with_capacity(firsts.len());
+    for row in tx.all(q).await? {
+        fresh.push((row.text(0)?, row.id32(1)?));
+    }
+    // Each fresh event goes to its first job only.
+    Ok(keys
+        .iter()
+        .map(|k| {
+            k.map(|(community, auth)| {
+                match fresh
+                    .iter()
+                    .position(|(c, e)| c == community && *e == auth.event_id)
+                {
+                    Some(i) => {
+                        fresh.swap_remove(i);
+                        true
+                    }
+                    None => false,
+                }
+            })
+        })
+        .collect())
 }
 
 /// The error for an answer of the wrong variant (a bug in this module).
@@ -230,7 +254,8 @@ pub(crate) fn mismatch() -> StoreError {
 /// A queued call and where its answer goes.
 struct Job {
     call: Call,
-    /// The auth event the call spends (recorded before it runs).
+    /// The auth event the call spends (recorded before the batch's calls
+    /// run: `spend_all`).
     spends: Option<HttpAuthUse>,
     reply: oneshot::Sender<Result<Done, StoreError>>,
 }
@@ -346,21 +371,19 @@ async fn run_batch(conn: &mut Conn, origin: &str, batch: &[Job]) -> (Vec<Result<
         Ok(tx) => tx,
         Err(e) => return fail_all(&e),
     };
+    // The auth records first, outside the calls' savepoints: each stands
+    // even if its call is refused (the request was made). A replay writes
+    // nothing; an error fails the batch like any other.
+    let spent = match spend_all(&mut tx, batch).await {
+        Ok(s) => s,
+        Err(e) => return fail_all(&e),
+    };
     let mut answers: Vec<Result<Done, StoreError>> = Vec::with_capacity(batch.len());
     let postgres = tx.dialect() == Dialect::Postgres;
-    for job in batch {
-        // The auth record first, outside the call's savepoint: it stands
-        // even if the call is refused (the request was made). It writes
-        // nothing on a replay; an error fails the batch like any other.
-        if let Some(auth) = &job.spends {
-            match spend(&mut tx, job.call.community(), auth).await {
-                Ok(true) => {}
-                Ok(false) => {
-                    answers.push(Ok(Done::Replayed));
-                    continue;
-                }
-                Err(e) => return fail_all(&e),
-            }
+    for (job, fresh) in batch.iter().zip(spent) {
+        if fresh == Some(false) {
+            answers.push(Ok(Done::Replayed));
+            continue;
         }
         // PostgreSQL aborts the whole transaction on any error, so every call
         // gets a savepoint there; on SQLite only calls with several writes.

@@ -12,6 +12,7 @@ use protocol::nip_oa::Attestation;
 use tokio::sync::mpsc;
 use tokio::sync::oneshot;
 
+use super::api::HttpAuthUse;
 use super::db::{Pool, Tx, Q};
 use super::sql::{self, value_hash, Dialect};
 use super::{
@@ -120,9 +121,18 @@ pub(crate) async fn insert_event_tx(
     // Every rule below is about one author's events: serialise per author.
     tx.lock(&format!("{community}:{}", event.pubkey.to_hex())).await?;
 
-    // One round trip: already stored? deleted by its author (NIP-09: an
-    // event its author deleted stays deleted)?
     let address = d_tag.as_ref().map(|d| address_key(event.kind.as_u16(), d));
+    if d_tag.is_none() {
+        // The usual case, in one statement: stored unless it already is
+        // or its author deleted it; which of the two only when neither
+        // insert happened.
+        if let Some(seq) = insert_unless_known(tx, community, event, raw, channel).await? {
+            return finish_insert(tx, community, event, &pubkey, created_at, seq).await;
+        }
+    }
+
+    // Already stored? Deleted by its author (NIP-09: an event its author
+    // deleted stays deleted)? One round trip.
     let checks = Q::new(
         "SELECT EXISTS (SELECT 1 FROM events WHERE community_id = $1 AND created_at = $2 AND id = $3), \
          EXISTS (SELECT 1 FROM deletions WHERE community_id = $1 AND pubkey = $4 \
@@ -208,14 +218,67 @@ pub(crate) async fn insert_event_tx(
             None
         }
     };
+    finish_insert(tx, community, event, &pubkey, created_at, seq).await
+}
+
+/// The event's tag rows and, for a deletion, its effect: what follows the
+/// row's insert (`seq`: its `events.seq` on SQLite).
+async fn finish_insert(
+    tx: &mut Tx<'_>,
+    community: &str,
+    event: &Event,
+    pubkey: &[u8],
+    created_at: i64,
+    seq: Option<i64>,
+) -> Result<InsertOutcome, StoreError> {
     let tags = indexed_tags(event);
     let rows: Vec<TagRow<'_>> = TagRow::of(event, seq, &tags).collect();
     insert_tags(tx, community, &rows).await?;
 
     if event.kind.as_u16() == protocol::kinds::DELETION {
-        apply_deletion(tx, community, event, &pubkey, created_at).await?;
+        apply_deletion(tx, community, event, pubkey, created_at).await?;
     }
     Ok(InsertOutcome::Stored)
+}
+
+/// Inserts a non-replaceable event unless it is already stored or its
+/// author deleted it, in one statement. `Some(seq)` when it was inserted
+/// (`seq`: its `events.seq` on SQLite, `None` on PostgreSQL); `None` when
+/// not: the caller's checks then say why.
+async fn insert_unless_known(
+    tx: &mut Tx<'_>,
+    community: &str,
+    event: &Event,
+    raw: &str,
+    channel: Option<&str>,
+) -> Result<Option<Option<i64>>, StoreError> {
+    // PostgreSQL's events have no `seq` column (their tags key on the id).
+    let returning = match tx.dialect() {
+        Dialect::Sqlite => "seq",
+        Dialect::Postgres => "created_at",
+    };
+    let q = Q::new(format!(
+        "INSERT INTO events (community_id, created_at, id, pubkey, kind, d_tag, expires_at, channel, raw) \
+         SELECT $1, $2, $3, $4, $5, NULL, $6, $7, $8 WHERE NOT EXISTS (SELECT 1 FROM deletions \
+         WHERE community_id = $1 AND pubkey = $4 AND target = $9) \
+         ON CONFLICT DO NOTHING RETURNING {returning}"
+    ))
+    .bind(community)
+    .bind(i64::try_from(event.created_at.as_secs()).unwrap_or(i64::MAX))
+    .bind(event.id.as_bytes().to_vec())
+    .bind(event.pubkey.to_bytes().to_vec())
+    .bind(i64::from(event.kind.as_u16()))
+    .bind(expiration(event))
+    .bind(channel.map(str::to_string))
+    .bind(raw)
+    .bind(event.id.to_hex());
+    let Some(row) = tx.one(q).await? else {
+        return Ok(None);
+    };
+    Ok(Some(match tx.dialect() {
+        Dialect::Sqlite => Some(row.int(0)?),
+        Dialect::Postgres => None,
+    }))
 }
 
 async fn apply_deletion(
@@ -769,13 +832,16 @@ impl Store for SqlStore {
         event_id: &[u8; 32],
         expires_at: i64,
     ) -> Result<bool, StoreError> {
+        let auth = HttpAuthUse {
+            event_id: *event_id,
+            keep_until: expires_at,
+        };
         let call = super::group::Call::HttpAuth {
             community: community.to_string(),
-            event_id: *event_id,
-            expires_at,
         };
-        match self.calls.run(call).await? {
-            super::group::Done::HttpAuth(fresh) => Ok(fresh),
+        match self.calls.run_spending(auth, call).await? {
+            super::group::Done::HttpAuth => Ok(true),
+            super::group::Done::Replayed => Ok(false),
             _ => Err(super::group::mismatch()),
         }
     }
