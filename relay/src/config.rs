@@ -281,6 +281,10 @@ pub struct WriterConfig {
     /// Calls in one write transaction, at most (each in its own savepoint;
     /// PostgreSQL keeps up to 64 subtransactions per transaction cheap).
     pub call_batch: usize,
+    /// PostgreSQL: call writers running side by side, each with its own
+    /// connection (SQLite has one write connection: always one writer).
+    /// A caller's calls all go to the same writer.
+    pub call_writers: usize,
 }
 
 impl Default for WriterConfig {
@@ -290,6 +294,7 @@ impl Default for WriterConfig {
             event_batch: 512,
             call_queue: 4_096,
             call_batch: 64,
+            call_writers: 4,
         }
     }
 }
@@ -475,6 +480,11 @@ impl Config {
         if !(1..=10_000).contains(&self.writer.event_batch) || !(1..=64).contains(&self.writer.call_batch) {
             return Err("writer.event_batch must be 1 to 10000 and writer.call_batch 1 to 64".into());
         }
+        if self.writer.call_writers == 0
+            || self.writer.call_writers as u64 + 2 > u64::from(self.postgres.pool_size)
+        {
+            return Err("writer.call_writers must be at least 1 and leave 2 of postgres.pool_size".into());
+        }
         if !matches!(self.sqlite.synchronous.as_str(), "normal" | "full") {
             return Err("sqlite.synchronous must be \"normal\" or \"full\"".into());
         }
@@ -504,5 +514,26 @@ impl Config {
             return Err("sqlite.pool_size must be at least 2".into());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Config;
+
+    #[test]
+    fn defaults_validate() {
+        assert_eq!(Config::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn call_writers_leave_connections_for_the_rest() {
+        let mut cfg = Config::default();
+        cfg.writer.call_writers = 0;
+        assert!(cfg.validate().is_err());
+        cfg.writer.call_writers = cfg.postgres.pool_size as usize - 1;
+        assert!(cfg.validate().is_err());
+        cfg.writer.call_writers = cfg.postgres.pool_size as usize - 2;
+        assert_eq!(cfg.validate(), Ok(()));
     }
 }

@@ -181,6 +181,20 @@ impl Call {
         )
     }
 
+    /// Who makes the call: its writer is chosen by it, so that one
+    /// caller's calls (and the locks they take: its delivery rows, its
+    /// author lock) never wait on each other from two writers at once.
+    fn caller(&self) -> Option<&PublicKey> {
+        match self {
+            Call::HttpAuth { .. } => None,
+            Call::Claim { caller, .. }
+            | Call::Renew { caller, .. }
+            | Call::Operation { caller, .. }
+            | Call::Finish { caller, .. } => Some(caller),
+            Call::ChannelEvent { event, .. } => Some(&event.pubkey),
+        }
+    }
+
     fn community(&self) -> &str {
         match self {
             Call::HttpAuth { community, .. }
@@ -263,18 +277,48 @@ struct Job {
 /// The sending side: what the store's methods submit calls to.
 #[derive(Clone)]
 pub(crate) struct Calls {
-    tx: mpsc::Sender<Job>,
+    /// One queue per writer.
+    txs: Vec<mpsc::Sender<Job>>,
 }
 
 impl Calls {
-    /// Starts the writer task on `pool`; `origin` names this process in
-    /// cross-process announcements.
-    pub(crate) fn start(pool: Pool, origin: String, queue: usize, batch: usize) -> Result<Self, StoreError> {
+    /// Starts `writers` writer tasks on `pool` (SQLite: always one, its one
+    /// write connection), each with a queue of `queue` calls; `origin`
+    /// names this process in cross-process announcements.
+    ///
+    /// Why several on PostgreSQL: a writer waits for the server once per
+    /// statement, and one writer was measured busy all the time while the
+    /// machine was a third idle. Several writers' transactions run side by
+    /// side; each caller's calls go to one writer (`Call::caller`), so the
+    /// only locks two writers can both want are taken by rare calls (a
+    /// deletion cancelling deliveries, the community key's notices), and
+    /// PostgreSQL breaks such a deadlock by failing one batch, whose
+    /// callers are told to try again.
+    pub(crate) fn start(
+        pool: Pool,
+        origin: String,
+        queue: usize,
+        batch: usize,
+        writers: usize,
+    ) -> Result<Self, StoreError> {
         assert!(queue > 0 && (1..=64).contains(&batch), "call writer bounds");
-        let (tx, rx) = mpsc::channel(queue);
-        crate::dedicated::spawn("call-writer", writer(pool, origin, rx, batch))
-            .map_err(|e| StoreError::Start(format!("call writer: {e}")))?;
-        Ok(Self { tx })
+        let writers = match pool {
+            Pool::Sqlite { .. } => 1,
+            Pool::Postgres(_) => writers.clamp(1, 64),
+        };
+        let mut txs = Vec::with_capacity(writers);
+        for i in 0..writers {
+            let (tx, rx) = mpsc::channel(queue);
+            let name = if writers == 1 {
+                "call-writer".to_string()
+            } else {
+                format!("call-writer-{i}")
+            };
+            crate::dedicated::spawn(&name, writer(pool.clone(), origin.clone(), rx, batch))
+                .map_err(|e| StoreError::Start(format!("{name}: {e}")))?;
+            txs.push(tx);
+        }
+        Ok(Self { txs })
     }
 
     /// Runs `call` in the next group transaction; answers after its commit.
@@ -290,7 +334,15 @@ impl Calls {
 
     async fn submit(&self, spends: Option<HttpAuthUse>, call: Call) -> Result<Done, StoreError> {
         let (reply, rx) = oneshot::channel();
-        self.tx
+        // Public keys and event ids are uniformly distributed: their first
+        // bytes pick a writer evenly.
+        let key = match (call.caller(), &spends) {
+            (Some(pk), _) => pk.to_bytes(),
+            (None, Some(auth)) => auth.event_id,
+            (None, None) => [0; 32],
+        };
+        let pick = usize::from(u16::from_le_bytes([key[0], key[1]])) % self.txs.len();
+        self.txs[pick]
             .send(Job { call, spends, reply })
             .await
             .map_err(|_| StoreError::Batch("the call writer stopped".into()))?;

@@ -51,7 +51,13 @@ impl SqlStore {
             batch_writer(pool.clone(), origin.clone(), rx, w.event_batch.max(1)),
         )
         .map_err(|e| StoreError::Start(format!("event writer: {e}")))?;
-        let calls = super::group::Calls::start(pool.clone(), origin.clone(), w.call_queue, w.call_batch)?;
+        let calls = super::group::Calls::start(
+            pool.clone(),
+            origin.clone(),
+            w.call_queue,
+            w.call_batch,
+            w.call_writers,
+        )?;
         Ok(Self {
             pool,
             origin,
