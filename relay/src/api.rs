@@ -166,7 +166,7 @@ async fn finish(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth
         Err(r) => return refused(r),
     };
     if let Some(reply) = &req.reply {
-        if let Err(e) = crate::verify::verify(Arc::new(reply.clone())).await {
+        if let Err(e) = crate::verify::verify_now(reply) {
             return error(StatusCode::BAD_REQUEST, "bad_reply", e.message());
         }
     }

@@ -130,8 +130,7 @@ async fn nip98(
     let now = crate::state::unix_now();
     let method = parts.method.as_str().to_string();
     let checked_body = body.clone();
-    // The signature check runs on the verification pool, off the executor.
-    let verified = crate::verify::off_executor(move || {
+    let verified = {
         let req = protocol::nip98::Request {
             method: &method,
             url: &url,
@@ -139,15 +138,7 @@ async fn nip98(
             now,
         };
         protocol::nip98::verify(header.as_deref(), &req)
-    })
-    .await
-    .ok_or_else(|| {
-        error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "verification_unavailable",
-            "try again",
-        )
-    })?;
+    };
     let event = verified.map_err(|e| error(StatusCode::UNAUTHORIZED, e.code(), e.to_string()))?;
     Ok((tenant, event, body))
 }
