@@ -27,10 +27,12 @@ pub enum Pool {
     Postgres(PgPool),
 }
 
-/// An open transaction of either backend.
+/// An open transaction of either backend. PostgreSQL's carries the
+/// transaction's clock once read (`now()` is the transaction's start time:
+/// every later read would return the same value, at one round trip each).
 pub enum Tx<'c> {
     Sqlite(Transaction<'c, Sqlite>),
-    Postgres(Transaction<'c, Postgres>),
+    Postgres(Transaction<'c, Postgres>, Option<i64>),
 }
 
 /// A connection held across several transactions (the call writer keeps
@@ -47,7 +49,7 @@ impl Conn {
         use sqlx::Connection;
         Ok(match self {
             Conn::Sqlite(c) => Tx::Sqlite((**c).begin_with("BEGIN IMMEDIATE").await?),
-            Conn::Postgres(c) => Tx::Postgres((**c).begin().await?),
+            Conn::Postgres(c) => Tx::Postgres((**c).begin().await?, None),
         })
     }
 }
@@ -321,7 +323,7 @@ macro_rules! dispatch {
                     .await?;
                 $conv!(r, sqlite_row)
             }
-            Tx::Postgres(tx) => {
+            Tx::Postgres(tx, _) => {
                 let args = pg_args(q.binds)?;
                 let r = sqlx::query_with(sqlx::AssertSqlSafe(q.sql), args)
                     .$method(&mut **tx)
@@ -352,7 +354,7 @@ impl Tx<'_> {
     pub fn dialect(&self) -> Dialect {
         match self {
             Tx::Sqlite(..) => Dialect::Sqlite,
-            Tx::Postgres(_) => Dialect::Postgres,
+            Tx::Postgres(..) => Dialect::Postgres,
         }
     }
 
@@ -395,17 +397,25 @@ impl Tx<'_> {
         if self.dialect() == Dialect::Sqlite {
             return Ok(i64::try_from(crate::state::unix_now()).unwrap_or(i64::MAX));
         }
+        if let Tx::Postgres(_, Some(now)) = self {
+            return Ok(*now);
+        }
         let sql = format!("SELECT {}", self.dialect().now());
-        self.one(Q::new(sql))
+        let now = self
+            .one(Q::new(sql))
             .await?
             .ok_or_else(|| StoreError::Corrupt("no clock".into()))?
-            .int(0)
+            .int(0)?;
+        if let Tx::Postgres(_, clock) = self {
+            *clock = Some(now);
+        }
+        Ok(now)
     }
 
     pub async fn commit(self) -> Result<(), StoreError> {
         match self {
             Tx::Sqlite(tx) => tx.commit().await?,
-            Tx::Postgres(tx) => tx.commit().await?,
+            Tx::Postgres(tx, _) => tx.commit().await?,
         }
         Ok(())
     }
@@ -434,7 +444,7 @@ impl Pool {
     pub async fn begin(&self) -> Result<Tx<'static>, StoreError> {
         Ok(match self {
             Pool::Sqlite { write, .. } => Tx::Sqlite(write.begin_with("BEGIN IMMEDIATE").await?),
-            Pool::Postgres(p) => Tx::Postgres(p.begin().await?),
+            Pool::Postgres(p) => Tx::Postgres(p.begin().await?, None),
         })
     }
 
@@ -443,7 +453,7 @@ impl Pool {
     pub async fn read(&self) -> Result<Tx<'static>, StoreError> {
         Ok(match self {
             Pool::Sqlite { read, .. } => Tx::Sqlite(read.begin().await?),
-            Pool::Postgres(p) => Tx::Postgres(p.begin().await?),
+            Pool::Postgres(p) => Tx::Postgres(p.begin().await?, None),
         })
     }
 

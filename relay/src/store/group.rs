@@ -170,9 +170,9 @@ impl Call {
     }
 
     /// Whether every write of this call is its last statement, and every
-    /// refusal comes before it: then, on SQLite, the call needs no savepoint
-    /// (a statement that fails is undone by SQLite alone, and a refusal has
-    /// written nothing). The functions named here keep that shape; see their
+    /// refusal comes before it: then the call needs no savepoint (a refusal
+    /// has written nothing; an error fails the whole batch, see
+    /// `run_batch`). The functions named here keep that shape; see their
     /// doc comments.
     fn one_write(&self) -> bool {
         matches!(
@@ -437,11 +437,11 @@ async fn run_batch(conn: &mut Conn, origin: &str, batch: &[Job]) -> (Vec<Result<
             answers.push(Ok(Done::Replayed));
             continue;
         }
-        // PostgreSQL aborts the whole transaction on any error, so every call
-        // gets a savepoint there; on SQLite only calls with several writes.
+        // Calls with several writes get a savepoint, so that a refusal or
+        // an error after a first write is undone for that call alone.
         // Savepoints are not released: they nest, at most `call_batch` deep,
         // and the commit keeps every one that was not rolled back.
-        let guarded = postgres || !job.call.one_write();
+        let guarded = !job.call.one_write();
         if guarded {
             if let Err(e) = tx.exec(Q::new("SAVEPOINT call")).await {
                 return fail_all(&e);
@@ -469,10 +469,10 @@ async fn run_batch(conn: &mut Conn, origin: &str, batch: &[Job]) -> (Vec<Result<
             }
             // A refusal of a one-write call wrote nothing.
             (Ok(_), false) => {}
-            // An error without a savepoint: SQLite may have ended the
-            // transaction by itself (I/O errors, a full disk), so nothing
-            // after it may run in it. Everything is rolled back and every
-            // call of the batch is told to try again.
+            // An error without a savepoint: PostgreSQL has aborted the
+            // transaction, SQLite may have ended it by itself (I/O errors,
+            // a full disk), so nothing after it may run in it. Everything is
+            // rolled back and every call of the batch is told to try again.
             (Err(e), false) => return fail_all(e),
         }
         answers.push(answer);
