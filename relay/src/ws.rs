@@ -675,7 +675,23 @@ impl Conn {
         if p.event.is_expired_at(Timestamp::from_secs(unix_now())) {
             return Ok(());
         }
-        if !self.subs.values().any(|sub| p.seq > sub.seq_floor) {
+        // Matching first: most live events match none of a connection's
+        // subscriptions (an agent's wake subscription sees every reply and
+        // every other agent's wake), and matching is cheaper than the
+        // channel's visibility below.
+        let matching: Vec<&String> = self
+            .subs
+            .iter()
+            .filter(|(_, sub)| {
+                p.seq > sub.seq_floor
+                    && sub
+                        .filters
+                        .iter()
+                        .any(|f| f.match_event(&p.event, MatchEventOptions::new()))
+            })
+            .map(|(id, _)| id)
+            .collect();
+        if matching.is_empty() {
             return Ok(());
         }
         if let Some(channel) = crate::state::channel_of(&p.event) {
@@ -691,18 +707,9 @@ impl Conn {
                 return Ok(());
             }
         }
-        for (sub_id, sub) in &self.subs {
-            if p.seq <= sub.seq_floor {
-                continue;
-            }
-            if sub
-                .filters
-                .iter()
-                .any(|f| f.match_event(&p.event, MatchEventOptions::new()))
-            {
-                self.out
-                    .text(format!("[\"EVENT\",{},{}]", json!(sub_id), p.raw))?;
-            }
+        for sub_id in matching {
+            self.out
+                .text(format!("[\"EVENT\",{},{}]", json!(sub_id), p.raw))?;
         }
         Ok(())
     }
