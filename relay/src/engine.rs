@@ -53,10 +53,26 @@ fn announce(state: &AppState, community: &str, published: Vec<(Event, String)>) 
     }
 }
 
-/// Sends the wake hint (kind 24620) of a new delivery row: here, and on
-/// PostgreSQL to every other process. It is only an accelerator: agents
-/// also poll, so a lost wake costs latency, never work.
-async fn wake(state: &AppState, community: &str, keys: &Keys, d: &NewDelivery) {
+/// Sends the wake hints (kind 24620) of a step's new delivery rows: each
+/// to this process's subscribers as soon as it is signed, then all of them
+/// to the other processes (PostgreSQL) in one transaction, so that the
+/// last agent of a step with many recipients does not wait for a
+/// round trip per earlier wake. A wake is only an accelerator: agents also
+/// poll, so a lost wake costs latency, never work.
+async fn wake_all(state: &AppState, community: &str, keys: &Keys, new: &[NewDelivery]) {
+    let mut raws = Vec::with_capacity(new.len());
+    for d in new {
+        if let Some(raw) = wake(state, community, keys, d) {
+            raws.push(raw);
+        }
+    }
+    if let Err(e) = state.store.publish_ephemeral(community, &raws).await {
+        tracing::warn!(error = %e, "wakes not forwarded to other relay processes");
+    }
+}
+
+/// Signs one wake hint and publishes it here; returns its JSON.
+fn wake(state: &AppState, community: &str, keys: &Keys, d: &NewDelivery) -> Option<String> {
     let tags = protocol::workflow::wake_tags(
         &d.target,
         &d.channel,
@@ -66,22 +82,18 @@ async fn wake(state: &AppState, community: &str, keys: &Keys, d: &NewDelivery) {
         &d.step_id,
         &d.message_event_id,
     );
-    let Ok(ev) = EventBuilder::new(Kind::from_u16(protocol::kinds::WAKE_HINT), "")
+    let ev = EventBuilder::new(Kind::from_u16(protocol::kinds::WAKE_HINT), "")
         .tags(tags)
         .custom_created_at(Timestamp::from_secs(unix_now()))
         .finalize(keys)
-    else {
-        return;
-    };
-    let raw = serde_json::to_string(&ev).unwrap_or_default();
+        .ok()?;
+    let raw = serde_json::to_string(&ev).ok()?;
     if let Err(e) = crate::faults::check("wake:before_send") {
         tracing::warn!(error = %e, "wake not sent");
-        return;
+        return None;
     }
     state.publish(community, Arc::new(ev), Arc::from(raw.as_str()));
-    if let Err(e) = state.store.publish_ephemeral(community, &raw).await {
-        tracing::warn!(error = %e, "wake not forwarded to other relay processes");
-    }
+    Some(raw)
 }
 
 /// Advances one run as far as it goes now.
@@ -101,9 +113,7 @@ async fn advance(state: &AppState, community: &str, keys: &Keys, run_id: &str) {
         match step {
             Ok(out) => {
                 announce(state, community, out.published);
-                for d in &out.new_deliveries {
-                    wake(state, community, keys, d).await;
-                }
+                wake_all(state, community, keys, &out.new_deliveries).await;
                 if !out.more {
                     return;
                 }

@@ -389,7 +389,8 @@ impl Conn {
         let community = self.community.id.clone();
         if kinds::storage_of(event.kind.as_u16()) == Storage::Ephemeral {
             self.state.publish(&community, event, raw.clone());
-            if let Err(e) = self.state.store.publish_ephemeral(&community, &raw).await {
+            let raws = [raw.to_string()];
+            if let Err(e) = self.state.store.publish_ephemeral(&community, &raws).await {
                 tracing::warn!(community = %community, error = %e, "ephemeral event not forwarded to other relay processes");
                 return Ok(self.ok(
                     &id,

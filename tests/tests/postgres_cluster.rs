@@ -92,6 +92,38 @@ async fn two_processes_share_live_events_exactly_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steps_wakes_reach_agents_on_another_process() {
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
+    let store = Store::new(&backend);
+    let a = Relay::start_with(store.clone(), RelayOptions::default());
+    let b = Relay::start_with(store.clone(), RelayOptions::default());
+    let mut fx = tests::workflow::Fixture::new(&a, "wakes", 3).await;
+    // Every agent listens for its wakes on B; the run starts (and its step
+    // runs) on A, whose engine forwards the step's wakes in one transaction.
+    let mut listeners = Vec::new();
+    for k in &fx.agents {
+        let mut c = Client::connect(&b.ws_url()).await;
+        c.auth(k).await;
+        c.req("w", vec![json!({"kinds": [24620], "#p": [hex(k)]})])
+            .await
+            .events();
+        listeners.push(c);
+    }
+    let text = format!("{} {} {} go", fx.mention(0), fx.mention(1), fx.mention(2));
+    fx.define("w", &tests::workflow::on_message(&text)).await;
+    fx.post("go").await;
+    for (c, k) in listeners.iter_mut().zip(&fx.agents) {
+        let wake = c.next_event("w").await;
+        assert_eq!(wake.kind.as_u16(), 24620);
+        let to: Vec<String> = wake.tags.public_keys().map(|p| p.to_hex()).collect();
+        assert_eq!(to, vec![hex(k)]);
+        c.expect_silence(Duration::from_millis(300)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_replacements_across_processes_keep_the_newest() {
     let Some(backend) = Backend::postgres() else {
         return;

@@ -199,10 +199,11 @@ pub trait Store: WorkflowStore + Send + Sync + 'static {
     /// Deletes events whose NIP-40 expiration has passed; returns how many.
     async fn purge_expired(&self, now: u64) -> Result<u64, StoreError>;
 
-    /// Tells the other relay processes on this database about an ephemeral
-    /// event (stored events are announced by `insert_event` itself, inside
-    /// its transaction). Nothing to do for a single-process backend.
-    async fn publish_ephemeral(&self, _community: &str, _raw: &str) -> Result<(), StoreError> {
+    /// Tells the other relay processes on this database about ephemeral
+    /// events, all in one transaction (stored events are announced by
+    /// `insert_event` itself, inside its transaction). Nothing to do for a
+    /// single-process backend.
+    async fn publish_ephemeral(&self, _community: &str, _raws: &[String]) -> Result<(), StoreError> {
         Ok(())
     }
 

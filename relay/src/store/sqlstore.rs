@@ -852,10 +852,12 @@ impl Store for SqlStore {
         }
     }
 
-    async fn publish_ephemeral(&self, community: &str, raw: &str) -> Result<(), StoreError> {
-        if self.dialect() == Dialect::Postgres {
+    async fn publish_ephemeral(&self, community: &str, raws: &[String]) -> Result<(), StoreError> {
+        if self.dialect() == Dialect::Postgres && !raws.is_empty() {
             let mut tx = self.pool.begin().await?;
-            self.announce(&mut tx, community, raw).await?;
+            for raw in raws {
+                self.announce(&mut tx, community, raw).await?;
+            }
             tx.commit().await?;
         }
         Ok(())
