@@ -125,21 +125,16 @@ async fn nip98(
     let header = parts
         .headers
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    let now = crate::state::unix_now();
-    let method = parts.method.as_str().to_string();
-    let checked_body = body.clone();
-    let verified = {
-        let req = protocol::nip98::Request {
-            method: &method,
-            url: &url,
-            body: &checked_body,
-            now,
-        };
-        protocol::nip98::verify(header.as_deref(), &req)
+        .and_then(|v| v.to_str().ok());
+    // Checked here, not on the rayon pool: see `crate::verify`.
+    let req = protocol::nip98::Request {
+        method: parts.method.as_str(),
+        url: &url,
+        body: &body,
+        now: crate::state::unix_now(),
     };
-    let event = verified.map_err(|e| error(StatusCode::UNAUTHORIZED, e.code(), e.to_string()))?;
+    let event = protocol::nip98::verify(header, &req)
+        .map_err(|e| error(StatusCode::UNAUTHORIZED, e.code(), e.to_string()))?;
     Ok((tenant, event, body))
 }
 
