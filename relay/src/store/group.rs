@@ -15,6 +15,7 @@
 //! If the commit fails, every call it held gets the error (nothing of
 //! theirs was stored); the calls that were rolled back keep their answers.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use nostr::prelude::{Event, Keys, PublicKey};
@@ -356,9 +357,17 @@ impl Calls {
 const HELD_BATCHES: usize = 8;
 
 async fn writer(pool: Pool, origin: String, mut rx: mpsc::Receiver<Job>, batch_max: usize) {
+    // Calls taken off the queue and not yet run: at most two batches.
+    let mut waiting: VecDeque<Job> = VecDeque::with_capacity(2 * batch_max);
     let mut batch = Vec::with_capacity(batch_max);
-    while let Some(first) = rx.recv().await {
-        batch.push(first);
+    let mut claims_first = true;
+    loop {
+        if waiting.is_empty() {
+            match rx.recv().await {
+                Some(first) => waiting.push_back(first),
+                None => return,
+            }
+        }
         let asked = std::time::Instant::now();
         // Keep the connection while calls keep coming (bounded), so that a
         // batch does not wait for the connection to come back to the pool.
@@ -371,22 +380,24 @@ async fn writer(pool: Pool, origin: String, mut rx: mpsc::Receiver<Job>, batch_m
             Ok(c) => c,
             Err(e) => {
                 let text = e.to_string();
-                for job in batch.drain(..) {
+                for job in waiting.drain(..) {
                     let _ = job.reply.send(Err(StoreError::Batch(text.clone())));
                 }
                 continue;
             }
         };
         for _ in 0..HELD_BATCHES {
-            while batch.len() < batch_max {
+            while waiting.len() < 2 * batch_max {
                 match rx.try_recv() {
-                    Ok(j) => batch.push(j),
+                    Ok(j) => waiting.push_back(j),
                     Err(_) => break,
                 }
             }
-            if batch.is_empty() {
+            if waiting.is_empty() {
                 break;
             }
+            next_batch(&mut waiting, &mut batch, batch_max, claims_first);
+            claims_first = !claims_first;
             let started = std::time::Instant::now();
             let n = batch.len();
             let (answers, healthy) = run_batch(&mut conn, &origin, &batch).await;
@@ -402,6 +413,36 @@ async fn writer(pool: Pool, origin: String, mut rx: mpsc::Receiver<Job>, batch_m
                 // A connection that failed is not reused (every job of the
                 // batch was answered: nothing waits on it).
                 break;
+            }
+        }
+    }
+}
+
+/// Moves the next batch out of `waiting`. With `claims_first` (every other
+/// batch) and claims waiting, the batch is the waiting claims alone: a
+/// claim is one cheap statement and starts an agent's work, while a finish
+/// (its reply event, several statements) ends it, and a burst of finishes
+/// ahead of a claim would otherwise hold it for their whole batch.
+/// Otherwise the oldest calls, so that a finish waits at most one batch
+/// longer than in arrival order.
+fn next_batch(waiting: &mut VecDeque<Job>, batch: &mut Vec<Job>, batch_max: usize, claims_first: bool) {
+    debug_assert!(batch.is_empty());
+    let is_claim = |j: &Job| matches!(j.call, Call::Claim { .. });
+    if claims_first && waiting.iter().any(is_claim) {
+        let mut rest = VecDeque::with_capacity(waiting.capacity());
+        while let Some(j) = waiting.pop_front() {
+            if batch.len() < batch_max && is_claim(&j) {
+                batch.push(j);
+            } else {
+                rest.push_back(j);
+            }
+        }
+        *waiting = rest;
+    } else {
+        while batch.len() < batch_max {
+            match waiting.pop_front() {
+                Some(j) => batch.push(j),
+                None => break,
             }
         }
     }
@@ -489,4 +530,67 @@ async fn run_batch(conn: &mut Conn, origin: &str, batch: &[Job]) -> (Vec<Result<
         return (answers, false);
     }
     (answers, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+
+    use nostr::prelude::Keys;
+    use tokio::sync::oneshot;
+
+    use super::{next_batch, Call, Job};
+    use crate::config::DeliveryConfig;
+
+    fn job(claim: bool, n: usize) -> Job {
+        let community = format!("c{n}");
+        let call = if claim {
+            Call::Claim {
+                community,
+                caller: Keys::generate().public_key(),
+                req: Default::default(),
+                cfg: DeliveryConfig::default(),
+            }
+        } else {
+            Call::HttpAuth { community }
+        };
+        Job {
+            call,
+            spends: None,
+            reply: oneshot::channel().0,
+        }
+    }
+
+    fn names(batch: &[Job]) -> Vec<&str> {
+        batch.iter().map(|j| j.call.community()).collect()
+    }
+
+    #[test]
+    fn claims_go_first_every_other_batch_within_bounds() {
+        // other, claim, other, claim, claim (arrival order).
+        let mut waiting: VecDeque<Job> = [false, true, false, true, true]
+            .iter()
+            .enumerate()
+            .map(|(n, c)| job(*c, n))
+            .collect();
+        let mut batch = Vec::new();
+        // Claims first, at most batch_max of them, in arrival order.
+        next_batch(&mut waiting, &mut batch, 2, true);
+        assert_eq!(names(&batch), ["c1", "c3"]);
+        assert_eq!(waiting.len(), 3);
+        batch.clear();
+        // Then the oldest calls, whatever they are.
+        next_batch(&mut waiting, &mut batch, 2, false);
+        assert_eq!(names(&batch), ["c0", "c2"]);
+        batch.clear();
+        // A claims turn takes the claims alone, even when there is room.
+        waiting.push_back(job(false, 5));
+        next_batch(&mut waiting, &mut batch, 2, true);
+        assert_eq!(names(&batch), ["c4"]);
+        batch.clear();
+        // No claim waiting: the oldest calls even on a claims turn.
+        next_batch(&mut waiting, &mut batch, 2, true);
+        assert_eq!(names(&batch), ["c5"]);
+        assert!(waiting.is_empty());
+    }
 }
