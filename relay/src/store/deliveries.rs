@@ -605,8 +605,7 @@ pub struct Finished {
 
 /// Checks a reply: a kind 9 by the target, in the delivery's channel, whose
 /// author is still a member (`member`, read with the row). (Its id and
-/// signature are checked by the caller, off the executor and outside any
-/// transaction.)
+/// signature are checked by the caller, outside any transaction.)
 fn check_reply(d: &Delivery, member: bool, reply: &Event) -> Answer<()> {
     let bad = |m: &str| Err(Refusal::new(400, "bad_reply", m.to_string()));
     if reply.kind.as_u16() != protocol::workflow::MESSAGE_KIND {
