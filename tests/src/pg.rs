@@ -21,6 +21,8 @@ pub struct PgServer {
     _dir: tempfile::TempDir,
     child: Mutex<Option<Child>>,
     owner: Option<(u32, u32)>,
+    /// Extra `name=value` server settings (each passed as `-c name=value`).
+    settings: Vec<String>,
 }
 
 /// The directory holding `initdb` and `postgres`, if PostgreSQL is installed.
@@ -69,7 +71,18 @@ fn as_owner(cmd: &mut Command, owner: Option<(u32, u32)>) {
 
 impl PgServer {
     /// Initialises and starts a new server. `Err` when PostgreSQL is not installed.
+    /// Extra server settings may be given, space-separated `name=value`, in
+    /// `TESTS_PG_SETTINGS` (for profiling: auto_explain, logging).
     pub fn start() -> Result<PgServer, String> {
+        Self::start_with(Vec::new())
+    }
+
+    /// [`PgServer::start`] with extra `name=value` server settings (the bench
+    /// loads pg_stat_statements this way).
+    pub fn start_with(mut settings: Vec<String>) -> Result<PgServer, String> {
+        if let Ok(more) = std::env::var("TESTS_PG_SETTINGS") {
+            settings.extend(more.split_whitespace().map(str::to_string));
+        }
         let bin = bin_dir().ok_or("no PostgreSQL binaries found (set PG_BIN or install postgresql)")?;
         let owner = postgres_owner();
         let dir = tempfile::Builder::new()
@@ -103,6 +116,7 @@ impl PgServer {
             _dir: dir,
             child: Mutex::new(None),
             owner,
+            settings,
         };
         server.run()?;
         Ok(server)
@@ -128,6 +142,7 @@ impl PgServer {
                 "-c",
                 "shared_buffers=64MB",
             ])
+            .args(self.settings.iter().flat_map(|s| ["-c", s.as_str()]))
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         as_owner(&mut cmd, self.owner);

@@ -44,6 +44,11 @@ struct Args {
     /// write batch and per call batch) to this file at the end.
     #[arg(long)]
     relay_log: Option<std::path::PathBuf>,
+    /// With `--backend postgres`: loads pg_stat_statements into the server
+    /// and writes its statements, most total time (planning and execution)
+    /// first, to this file at the end (the database's share of a figure).
+    #[arg(long)]
+    pg_stats: Option<std::path::PathBuf>,
 }
 
 type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
@@ -803,7 +808,27 @@ async fn main() {
     let args = Args::parse();
     let rounds = args.rounds.unwrap_or(if args.quick { 3 } else { 5 });
     let backend = match args.backend.as_str() {
-        "postgres" => Backend::Postgres(Arc::new(tests::pg::PgServer::start().expect("PostgreSQL"))),
+        "postgres" => {
+            // The bench's database is seconds old, where a deployed one has
+            // run for longer than autovacuum's nap (60 s by default): the
+            // planner's statistics would still describe empty tables, and
+            // the relay's connections would keep plans chosen for a
+            // 20-row table (a scan of every delivery of the community for
+            // a lookup by primary key, measured). Analysing every second
+            // gives the plans of a database that has been running.
+            let mut settings = vec!["autovacuum_naptime=1".to_string()];
+            if args.pg_stats.is_some() {
+                settings.push("shared_preload_libraries=pg_stat_statements".to_string());
+                settings.push("pg_stat_statements.track_planning=on".to_string());
+            }
+            let server = tests::pg::PgServer::start_with(settings).expect("PostgreSQL");
+            if args.pg_stats.is_some() {
+                server
+                    .psql("postgres", "CREATE EXTENSION pg_stat_statements")
+                    .expect("pg_stat_statements");
+            }
+            Backend::Postgres(Arc::new(server))
+        }
         _ => Backend::Sqlite,
     };
     let relay = Relay::start_opts(
@@ -856,6 +881,27 @@ async fn main() {
     if let Some(path) = &args.relay_log {
         if let Err(e) = std::fs::write(path, relay.log()) {
             eprintln!("writing the relay's log to {}: {e}", path.display());
+        }
+    }
+    if let (Some(path), Backend::Postgres(server)) = (&args.pg_stats, &backend) {
+        let top = server.psql(
+            "postgres",
+            "SELECT 'all statements: ' || sum(calls) || ' calls, ' || round(sum(total_exec_time)::numeric) \
+             || ' ms executing, ' || round(sum(total_plan_time)::numeric) || ' ms planning; transactions: ' \
+             || (SELECT sum(xact_commit) || ' committed, ' || sum(xact_rollback) || ' rolled back' FROM pg_stat_database) \
+             FROM pg_stat_statements UNION ALL (SELECT round((total_exec_time + total_plan_time)::numeric, 1) || ' ms | ' || calls || ' calls | ' \
+             || plans || ' plans ' || round(total_plan_time::numeric, 1) || ' ms | ' \
+             || round(mean_exec_time::numeric, 3) || ' ms mean exec | ' || rows || ' rows | ' \
+             || shared_blks_hit + shared_blks_read || ' blocks | ' || regexp_replace(query, '\\s+', ' ', 'g') \
+             FROM pg_stat_statements ORDER BY total_exec_time + total_plan_time DESC LIMIT 40)",
+        );
+        match top {
+            Ok(text) => {
+                if let Err(e) = std::fs::write(path, text) {
+                    eprintln!("writing pg_stat_statements to {}: {e}", path.display());
+                }
+            }
+            Err(e) => eprintln!("reading pg_stat_statements: {e}"),
         }
     }
     if only.contains(&"memory") {
