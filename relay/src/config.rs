@@ -362,6 +362,9 @@ pub struct WorkflowConfig {
     pub schedule_poll_interval_ms: u64,
     /// Most runs advanced per poll.
     pub run_batch: u32,
+    /// Most runs of one pass advanced at the same time (each in its own
+    /// transactions; the steps of one run always one after another).
+    pub concurrent_runs: usize,
     /// Largest webhook body.
     pub max_webhook_body_bytes: usize,
 }
@@ -372,6 +375,7 @@ impl Default for WorkflowConfig {
             run_poll_interval_ms: 1_000,
             schedule_poll_interval_ms: 5_000,
             run_batch: 100,
+            concurrent_runs: 4,
             max_webhook_body_bytes: 64 * 1024,
         }
     }
@@ -503,6 +507,9 @@ impl Config {
             || d.max_page == 0
         {
             return Err("deliveries: lifetime_secs must exceed max_lease_secs; retry_base_secs, sweep_batch, max_page > 0".into());
+        }
+        if !(1..=64).contains(&self.workflows.concurrent_runs) {
+            return Err("workflows.concurrent_runs must be between 1 and 64".into());
         }
         if self.workflows.run_batch == 0 || self.workflows.max_webhook_body_bytes == 0 {
             return Err("workflows.run_batch and workflows.max_webhook_body_bytes must be > 0".into());
