@@ -175,9 +175,8 @@ impl WorkflowStore for SqlStore {
     ) -> Result<StepOutcome, StoreError> {
         let mut tx = self.pool.begin().await?;
         let out = workflows::execute_step(&mut tx, community, keys, run_id, cfg).await?;
-        for (_, raw) in &out.published {
-            self.announce(&mut tx, community, raw).await?;
-        }
+        let raws: Vec<&str> = out.published.iter().map(|(_, raw)| raw.as_str()).collect();
+        self.announce(&mut tx, community, &raws).await?;
         tx.commit().await?;
         Ok(out)
     }
@@ -426,9 +425,8 @@ impl WorkflowStore for SqlStore {
     ) -> Result<Vec<(Event, String)>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let published = deliveries::sweep(&mut tx, community, keys, cfg).await?;
-        for (_, raw) in &published {
-            self.announce(&mut tx, community, raw).await?;
-        }
+        let raws: Vec<&str> = published.iter().map(|(_, raw)| raw.as_str()).collect();
+        self.announce(&mut tx, community, &raws).await?;
         tx.commit().await?;
         Ok(published)
     }

@@ -412,6 +412,16 @@ impl Tx<'_> {
         Ok(now)
     }
 
+    /// Records the database clock read by a statement of this transaction
+    /// (PostgreSQL: `now()` is the transaction's start time, so any
+    /// statement's reading is the one [`Tx::now`] would get).
+    pub fn remember_now(&mut self, now: i64) {
+        if let Tx::Postgres(_, clock) = self {
+            debug_assert!(clock.is_none_or(|c| c == now), "one clock per transaction");
+            *clock = Some(now);
+        }
+    }
+
     pub async fn commit(self) -> Result<(), StoreError> {
         match self {
             Tx::Sqlite(tx) => tx.commit().await?,

@@ -237,9 +237,19 @@ async fn spend_all(tx: &mut Tx<'_>, batch: &[Job]) -> Result<Vec<Option<bool>>, 
     }
     q.sql
         .push_str(" ON CONFLICT DO NOTHING RETURNING community_id, event_id");
+    let postgres = d == Dialect::Postgres;
+    if postgres {
+        // The database clock rides along: the batch's calls read it next
+        // (`Tx::now`), and it would be a round trip of its own.
+        q.sql.push_str(", ");
+        q.sql.push_str(d.now());
+    }
     let mut fresh: Vec<(String, [u8; 32])> = Vec::with_capacity(firsts.len());
     for row in tx.all(q).await? {
         fresh.push((row.text(0)?, row.id32(1)?));
+        if postgres {
+            tx.remember_now(row.int(2)?);
+        }
     }
     // Each fresh event goes to its first job only.
     Ok(keys
@@ -360,7 +370,7 @@ async fn writer(pool: Pool, origin: String, mut rx: mpsc::Receiver<Job>, batch_m
     // Calls taken off the queue and not yet run: at most two batches.
     let mut waiting: VecDeque<Job> = VecDeque::with_capacity(2 * batch_max);
     let mut batch = Vec::with_capacity(batch_max);
-    let mut claims_first = true;
+    let mut starters_first = true;
     loop {
         if waiting.is_empty() {
             match rx.recv().await {
@@ -396,8 +406,8 @@ async fn writer(pool: Pool, origin: String, mut rx: mpsc::Receiver<Job>, batch_m
             if waiting.is_empty() {
                 break;
             }
-            next_batch(&mut waiting, &mut batch, batch_max, claims_first);
-            claims_first = !claims_first;
+            next_batch(&mut waiting, &mut batch, batch_max, starters_first);
+            starters_first = !starters_first;
             let started = std::time::Instant::now();
             let n = batch.len();
             let (answers, healthy) = run_batch(&mut conn, &origin, &batch).await;
@@ -418,20 +428,23 @@ async fn writer(pool: Pool, origin: String, mut rx: mpsc::Receiver<Job>, batch_m
     }
 }
 
-/// Moves the next batch out of `waiting`. With `claims_first` (every other
-/// batch) and claims waiting, the batch is the waiting claims alone: a
-/// claim is one cheap statement and starts an agent's work, while a finish
-/// (its reply event, several statements) ends it, and a burst of finishes
-/// ahead of a claim would otherwise hold it for their whole batch.
-/// Otherwise the oldest calls, so that a finish waits at most one batch
-/// longer than in arrival order.
-fn next_batch(waiting: &mut VecDeque<Job>, batch: &mut Vec<Job>, batch_max: usize, claims_first: bool) {
+/// Moves the next batch out of `waiting`. With `starters_first` (every
+/// other batch) and calls that start work waiting, the batch is those
+/// calls alone: a claim (one cheap statement) starts an agent's work and a
+/// channel message may start workflow runs (and is what people in the
+/// channel wait to see), while a finish (its reply event, several
+/// statements) ends work, and a burst of finishes ahead of a claim or a
+/// trigger would otherwise hold it for their whole batch (a trigger was
+/// measured waiting about 30 ms behind them on PostgreSQL). Otherwise the
+/// oldest calls, so that a finish waits at most one batch longer than in
+/// arrival order.
+fn next_batch(waiting: &mut VecDeque<Job>, batch: &mut Vec<Job>, batch_max: usize, starters_first: bool) {
     debug_assert!(batch.is_empty());
-    let is_claim = |j: &Job| matches!(j.call, Call::Claim { .. });
-    if claims_first && waiting.iter().any(is_claim) {
+    let starts_work = |j: &Job| matches!(j.call, Call::Claim { .. } | Call::ChannelEvent { .. });
+    if starters_first && waiting.iter().any(starts_work) {
         let mut rest = VecDeque::with_capacity(waiting.capacity());
         while let Some(j) = waiting.pop_front() {
-            if batch.len() < batch_max && is_claim(&j) {
+            if batch.len() < batch_max && starts_work(&j) {
                 batch.push(j);
             } else {
                 rest.push_back(j);
@@ -488,19 +501,7 @@ async fn run_batch(conn: &mut Conn, origin: &str, batch: &[Job]) -> (Vec<Result<
                 return fail_all(&e);
             }
         }
-        let mut answer = job.call.run(&mut tx).await;
-        if let Ok(done) = &answer {
-            if done.keeps() && postgres {
-                // Stored events reach other processes with the commit.
-                for raw in done.announced() {
-                    if let Err(e) = super::postgres::notify(&mut tx, origin, job.call.community(), raw).await
-                    {
-                        answer = Err(e);
-                        break;
-                    }
-                }
-            }
-        }
+        let answer = job.call.run(&mut tx).await;
         match (&answer, guarded) {
             (Ok(done), _) if done.keeps() => {}
             (_, true) => {
@@ -517,6 +518,25 @@ async fn run_batch(conn: &mut Conn, origin: &str, batch: &[Job]) -> (Vec<Result<
             (Err(e), false) => return fail_all(e),
         }
         answers.push(answer);
+    }
+    if postgres {
+        // The kept calls' events reach other processes with the commit, in
+        // one statement for the whole batch.
+        let mut kept: Vec<(&str, &str)> = Vec::new();
+        for (job, answer) in batch.iter().zip(&answers) {
+            if let Ok(done) = answer {
+                if done.keeps() {
+                    kept.extend(
+                        done.announced()
+                            .into_iter()
+                            .map(|raw| (job.call.community(), raw)),
+                    );
+                }
+            }
+        }
+        if let Err(e) = super::postgres::notify(&mut tx, origin, &kept).await {
+            return fail_all(&e);
+        }
     }
     if let Err(e) = tx.commit().await {
         // What was kept is lost with the transaction; what was rolled back
@@ -536,23 +556,46 @@ async fn run_batch(conn: &mut Conn, origin: &str, batch: &[Job]) -> (Vec<Result<
 mod tests {
     use std::collections::VecDeque;
 
-    use nostr::prelude::Keys;
+    use std::sync::Arc;
+
+    use nostr::prelude::{EventBuilder, FinalizeEvent, Keys, Kind};
     use tokio::sync::oneshot;
 
     use super::{next_batch, Call, Job};
     use crate::config::DeliveryConfig;
 
-    fn job(claim: bool, n: usize) -> Job {
+    /// What a test job is: a finish-like call, a claim, a channel message.
+    #[derive(Clone, Copy)]
+    enum What {
+        Other,
+        Claim,
+        Message,
+    }
+
+    fn job(what: What, n: usize) -> Job {
         let community = format!("c{n}");
-        let call = if claim {
-            Call::Claim {
+        let keys = Keys::generate();
+        let call = match what {
+            What::Claim => Call::Claim {
                 community,
-                caller: Keys::generate().public_key(),
+                caller: keys.public_key(),
                 req: Default::default(),
                 cfg: DeliveryConfig::default(),
+            },
+            What::Message => {
+                let event = EventBuilder::new(Kind::from_u16(9), "hi")
+                    .finalize(&keys)
+                    .expect("sign");
+                let raw = serde_json::to_string(&event).expect("json");
+                Call::ChannelEvent {
+                    community,
+                    keys,
+                    policy: Default::default(),
+                    event: Arc::new(event),
+                    raw: Arc::from(raw),
+                }
             }
-        } else {
-            Call::HttpAuth { community }
+            What::Other => Call::HttpAuth { community },
         };
         Job {
             call,
@@ -566,15 +609,16 @@ mod tests {
     }
 
     #[test]
-    fn claims_go_first_every_other_batch_within_bounds() {
-        // other, claim, other, claim, claim (arrival order).
-        let mut waiting: VecDeque<Job> = [false, true, false, true, true]
+    fn work_starters_go_first_every_other_batch_within_bounds() {
+        use What::*;
+        // other, claim, other, message, claim (arrival order).
+        let mut waiting: VecDeque<Job> = [Other, Claim, Other, Message, Claim]
             .iter()
             .enumerate()
-            .map(|(n, c)| job(*c, n))
+            .map(|(n, w)| job(*w, n))
             .collect();
         let mut batch = Vec::new();
-        // Claims first, at most batch_max of them, in arrival order.
+        // Claims and messages first, at most batch_max of them, in arrival order.
         next_batch(&mut waiting, &mut batch, 2, true);
         assert_eq!(names(&batch), ["c1", "c3"]);
         assert_eq!(waiting.len(), 3);
@@ -583,12 +627,12 @@ mod tests {
         next_batch(&mut waiting, &mut batch, 2, false);
         assert_eq!(names(&batch), ["c0", "c2"]);
         batch.clear();
-        // A claims turn takes the claims alone, even when there is room.
-        waiting.push_back(job(false, 5));
+        // A starters' turn takes the starters alone, even when there is room.
+        waiting.push_back(job(Other, 5));
         next_batch(&mut waiting, &mut batch, 2, true);
         assert_eq!(names(&batch), ["c4"]);
         batch.clear();
-        // No claim waiting: the oldest calls even on a claims turn.
+        // No starter waiting: the oldest calls even on a starters' turn.
         next_batch(&mut waiting, &mut batch, 2, true);
         assert_eq!(names(&batch), ["c5"]);
         assert!(waiting.is_empty());

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+use sqlx::Connection;
 use tokio::sync::mpsc;
 
 use super::db::{Tx, Q};
@@ -23,6 +24,9 @@ const FANOUT_CHANNEL: &str = "relay_events";
 /// Largest NOTIFY payload sent inline (PostgreSQL's limit is 8000 bytes).
 const MAX_INLINE_PAYLOAD_BYTES: usize = 7_000;
 /// Advisory lock key serialising migrations and partition maintenance.
+/// A pooled connection idle this long is pinged before it is handed out.
+const PING_IDLE_AFTER: Duration = Duration::from_secs(1);
+
 const SCHEMA_LOCK_KEY: i64 = 0x7265_6c61_7970_6172; // "relaypar"
 
 /// Connects and migrates (several processes may start at once: under a lock).
@@ -33,7 +37,19 @@ pub async fn open(url: &str, cfg: &PostgresConfig) -> Result<PgPool, StoreError>
     let pool = PgPoolOptions::new()
         .max_connections(cfg.pool_size)
         .acquire_timeout(Duration::from_millis(cfg.acquire_timeout_ms))
-        .test_before_acquire(true)
+        // A connection idle for a while is pinged before use, so that one
+        // broken by a server restart is replaced rather than failing a
+        // request; one in steady use is not (a ping per acquire was a
+        // round trip more for every transaction and read).
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= PING_IDLE_AFTER {
+                    conn.ping().await?;
+                }
+                Ok(true)
+            })
+        })
         .connect_with(opts)
         .await?;
     let mut conn = pool.acquire().await?;
@@ -114,29 +130,43 @@ fn first_of_month(year: i32, month: time::Month) -> i64 {
         .unwrap_or(0)
 }
 
-/// Announces an event to the other relay processes, inside `tx` (delivered
-/// on commit, dropped on rollback).
-pub async fn notify(tx: &mut Tx<'_>, origin: &str, community: &str, raw: &str) -> Result<(), StoreError> {
-    let inline = json!({"o": origin, "c": community, "r": raw}).to_string();
-    let payload = if inline.len() <= MAX_INLINE_PAYLOAD_BYTES {
-        inline
-    } else {
-        let row = tx
-            .one(
-                Q::new("INSERT INTO fanout_spill (community_id, raw) VALUES ($1, $2) RETURNING seq")
-                    .bind(community)
-                    .bind(raw),
-            )
-            .await?
-            .ok_or_else(|| StoreError::Corrupt("spill insert returned nothing".into()))?;
-        json!({"o": origin, "c": community, "s": row.int(0)?}).to_string()
-    };
-    tx.exec(
-        Q::new("SELECT pg_notify($1, $2)")
-            .bind(FANOUT_CHANNEL)
-            .bind(payload),
-    )
-    .await?;
+/// Announces events (community, JSON) to the other relay processes, inside
+/// `tx` (delivered on commit, dropped on rollback).
+pub async fn notify(tx: &mut Tx<'_>, origin: &str, events: &[(&str, &str)]) -> Result<(), StoreError> {
+    let mut payloads = Vec::with_capacity(events.len());
+    for &(community, raw) in events {
+        let inline = json!({"o": origin, "c": community, "r": raw}).to_string();
+        payloads.push(if inline.len() <= MAX_INLINE_PAYLOAD_BYTES {
+            inline
+        } else {
+            let row = tx
+                .one(
+                    Q::new("INSERT INTO fanout_spill (community_id, raw) VALUES ($1, $2) RETURNING seq")
+                        .bind(community)
+                        .bind(raw),
+                )
+                .await?
+                .ok_or_else(|| StoreError::Corrupt("spill insert returned nothing".into()))?;
+            json!({"o": origin, "c": community, "s": row.int(0)?}).to_string()
+        });
+    }
+    if payloads.is_empty() {
+        return Ok(());
+    }
+    // One statement for all of them: a step's wakes and a batch's replies
+    // were a round trip each. A VALUES list is scanned in order, so the
+    // notifications are queued (and delivered) in the order given.
+    let mut sql = String::from("SELECT pg_notify($1, p) FROM (VALUES ");
+    for i in 0..payloads.len() {
+        sql.push_str(if i == 0 { "($" } else { "),($" });
+        sql.push_str(&(i + 2).to_string());
+    }
+    sql.push_str(")) AS v(p)");
+    let mut q = Q::new(sql).bind(FANOUT_CHANNEL);
+    for p in payloads {
+        q = q.bind(p);
+    }
+    tx.exec(q).await?;
     Ok(())
 }
 

@@ -42,14 +42,19 @@ pub async fn open(url: &str, cfg: &SqliteConfig) -> Result<(SqlitePool, SqlitePo
         .pragma("cache_size", format!("-{}", cfg.cache_size_kib))
         .pragma("wal_autocheckpoint", cfg.wal_autocheckpoint_pages.to_string())
         .pragma("temp_store", "memory");
+    // No ping before handing out a connection (sqlx's default): an
+    // in-process SQLite connection cannot go stale, and the ping was a
+    // round trip to the connection's worker thread on every acquire.
     let write = SqlitePoolOptions::new()
         .max_connections(1)
+        .test_before_acquire(false)
         .connect_with(opts.clone())
         .await?;
     sqlx::migrate!("../migrations/sqlite").run(&write).await?;
     // Readers refuse writes: every write must go through the writer.
     let read = SqlitePoolOptions::new()
         .max_connections(cfg.pool_size)
+        .test_before_acquire(false)
         .connect_with(opts.pragma("query_only", "true"))
         .await?;
     Ok((read, write))

@@ -73,14 +73,15 @@ impl SqlStore {
 
     /// Announces a committed (or, inside `tx`, committing) event to other
     /// relay processes. Only PostgreSQL has other processes.
-    pub(crate) async fn announce(
+    pub(crate) async fn announce<S: AsRef<str>>(
         &self,
         tx: &mut Tx<'_>,
         community: &str,
-        raw: &str,
+        raws: &[S],
     ) -> Result<(), StoreError> {
         if tx.dialect() == Dialect::Postgres {
-            super::postgres::notify(tx, &self.origin, community, raw).await?;
+            let events: Vec<(&str, &str)> = raws.iter().map(|raw| (community, raw.as_ref())).collect();
+            super::postgres::notify(tx, &self.origin, &events).await?;
         }
         Ok(())
     }
@@ -431,11 +432,13 @@ async fn write_batch(
         i = j;
     }
     if tx.dialect() == Dialect::Postgres {
-        for (r, outcome) in batch.iter().zip(&outcomes) {
-            if *outcome == InsertOutcome::Stored {
-                super::postgres::notify(&mut tx, origin, &r.community, &r.raw).await?;
-            }
-        }
+        let stored: Vec<(&str, &str)> = batch
+            .iter()
+            .zip(&outcomes)
+            .filter(|(_, outcome)| **outcome == InsertOutcome::Stored)
+            .map(|(r, _)| (r.community.as_str(), &*r.raw))
+            .collect();
+        super::postgres::notify(&mut tx, origin, &stored).await?;
     }
     tx.commit().await?;
     Ok(outcomes)
@@ -753,7 +756,7 @@ impl Store for SqlStore {
         let mut tx = self.pool.begin().await?;
         let outcome = insert_event_tx(&mut tx, community, event, raw, None).await?;
         if outcome == InsertOutcome::Stored {
-            self.announce(&mut tx, community, raw).await?;
+            self.announce(&mut tx, community, &[raw]).await?;
             tx.commit().await?;
         }
         Ok(outcome)
@@ -795,7 +798,7 @@ impl Store for SqlStore {
         let mut tx = self.pool.begin().await?;
         let outcome = super::agents::register(&mut tx, community, event, raw, attestation).await?;
         if outcome == InsertOutcome::Stored {
-            self.announce(&mut tx, community, raw).await?;
+            self.announce(&mut tx, community, &[raw]).await?;
             tx.commit().await?;
         }
         Ok(outcome)
@@ -855,9 +858,7 @@ impl Store for SqlStore {
     async fn publish_ephemeral(&self, community: &str, raws: &[String]) -> Result<(), StoreError> {
         if self.dialect() == Dialect::Postgres && !raws.is_empty() {
             let mut tx = self.pool.begin().await?;
-            for raw in raws {
-                self.announce(&mut tx, community, raw).await?;
-            }
+            self.announce(&mut tx, community, raws).await?;
             tx.commit().await?;
         }
         Ok(())
