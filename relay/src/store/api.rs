@@ -182,8 +182,7 @@ impl WorkflowStore for SqlStore {
     }
 
     async fn running_runs(&self, community: &str, limit: u32) -> Result<Vec<String>, StoreError> {
-        let mut tx = self.pool.read().await?;
-        workflows::running_runs(&mut tx, community, limit).await
+        workflows::running_runs(&self.pool, community, limit).await
     }
 
     async fn fire_schedules(&self, community: &str) -> Result<Vec<String>, StoreError> {

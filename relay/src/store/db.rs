@@ -27,12 +27,31 @@ pub enum Pool {
     Postgres(PgPool),
 }
 
-/// An open transaction of either backend. PostgreSQL's carries the
-/// transaction's clock once read (`now()` is the transaction's start time:
-/// every later read would return the same value, at one round trip each).
+/// The expression of [`Tx::lock`]'s advisory lock (PostgreSQL) on the key
+/// bound as placeholder `n`: another statement may take the lock in its
+/// select list, saving a round trip, and then call [`Tx::locked`]. Its
+/// value is an empty text (the function returns `void`, which rows cannot
+/// decode).
+pub fn lock_expr(n: usize) -> String {
+    format!("CAST(pg_advisory_xact_lock(hashtextextended(${n}, 0)) AS TEXT)")
+}
+
+/// An open transaction of either backend. PostgreSQL's carries what a
+/// statement would only tell again, at one round trip each: the
+/// transaction's clock once read (`now()` is the transaction's start time)
+/// and the advisory locks it holds.
 pub enum Tx<'c> {
     Sqlite(Transaction<'c, Sqlite>),
-    Postgres(Transaction<'c, Postgres>, Option<i64>),
+    Postgres(Transaction<'c, Postgres>, PgKnown),
+}
+
+/// What a PostgreSQL transaction already knows (see [`Tx`]).
+#[derive(Default)]
+pub struct PgKnown {
+    now: Option<i64>,
+    /// Keys of [`Tx::lock`] held; bounded by the locks a transaction takes
+    /// (one per author of a batch, at most a batch's worth).
+    locks: Vec<String>,
 }
 
 /// A connection held across several transactions (the call writer keeps
@@ -49,7 +68,7 @@ impl Conn {
         use sqlx::Connection;
         Ok(match self {
             Conn::Sqlite(c) => Tx::Sqlite((**c).begin_with("BEGIN IMMEDIATE").await?),
-            Conn::Postgres(c) => Tx::Postgres((**c).begin().await?, None),
+            Conn::Postgres(c) => Tx::Postgres((**c).begin().await?, PgKnown::default()),
         })
     }
 }
@@ -382,11 +401,58 @@ impl Tx<'_> {
     /// it ends. SQLite needs nothing: `BEGIN IMMEDIATE` already holds the one
     /// write lock.
     pub async fn lock(&mut self, key: &str) -> Result<(), StoreError> {
-        if self.dialect() == Dialect::Postgres {
-            self.exec(Q::new("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))").bind(key))
+        if let Tx::Postgres(_, known) = self {
+            if known.locks.iter().any(|k| k == key) {
+                return Ok(());
+            }
+            self.exec(Q::new(format!("SELECT {}", lock_expr(1))).bind(key))
                 .await?;
+            self.locked(key);
         }
         Ok(())
+    }
+
+    /// [`Tx::lock`] on each of `keys`, in their order (callers sort them,
+    /// so that two transactions never wait on each other in a cycle), in
+    /// one statement: a VALUES list is scanned in order.
+    pub async fn lock_all(&mut self, keys: &[String]) -> Result<(), StoreError> {
+        let Tx::Postgres(_, known) = self else {
+            return Ok(());
+        };
+        let fresh: Vec<&String> = keys.iter().filter(|k| !known.locks.contains(k)).collect();
+        if fresh.is_empty() {
+            return Ok(());
+        }
+        let mut q = Q::new("SELECT pg_advisory_xact_lock(hashtextextended(k, 0)) FROM (VALUES ");
+        for (i, k) in fresh.iter().enumerate() {
+            Dialect::Postgres.push_values_row(&mut q.sql, i, 1);
+            q = q.bind(k.as_str());
+        }
+        q.sql.push_str(") AS v(k)");
+        self.exec(q).await?;
+        for k in fresh {
+            self.locked(k);
+        }
+        Ok(())
+    }
+
+    /// Records that a statement of this transaction took [`Tx::lock`]'s
+    /// lock on `key` (with [`lock_expr`] in its select list).
+    pub fn locked(&mut self, key: &str) {
+        if let Tx::Postgres(_, known) = self {
+            if !known.locks.iter().any(|k| k == key) {
+                known.locks.push(key.to_string());
+            }
+        }
+    }
+
+    /// Forgets the locks recorded: a rollback to a savepoint releases the
+    /// locks taken since, and which those were is not tracked (taking a
+    /// held lock again is harmless).
+    pub fn forget_locks(&mut self) {
+        if let Tx::Postgres(_, known) = self {
+            known.locks.clear();
+        }
     }
 
     /// The database clock, unix seconds. SQLite runs in this process, so
@@ -397,7 +463,7 @@ impl Tx<'_> {
         if self.dialect() == Dialect::Sqlite {
             return Ok(i64::try_from(crate::state::unix_now()).unwrap_or(i64::MAX));
         }
-        if let Tx::Postgres(_, Some(now)) = self {
+        if let Tx::Postgres(_, PgKnown { now: Some(now), .. }) = self {
             return Ok(*now);
         }
         let sql = format!("SELECT {}", self.dialect().now());
@@ -406,9 +472,7 @@ impl Tx<'_> {
             .await?
             .ok_or_else(|| StoreError::Corrupt("no clock".into()))?
             .int(0)?;
-        if let Tx::Postgres(_, clock) = self {
-            *clock = Some(now);
-        }
+        self.remember_now(now);
         Ok(now)
     }
 
@@ -416,9 +480,9 @@ impl Tx<'_> {
     /// (PostgreSQL: `now()` is the transaction's start time, so any
     /// statement's reading is the one [`Tx::now`] would get).
     pub fn remember_now(&mut self, now: i64) {
-        if let Tx::Postgres(_, clock) = self {
-            debug_assert!(clock.is_none_or(|c| c == now), "one clock per transaction");
-            *clock = Some(now);
+        if let Tx::Postgres(_, known) = self {
+            debug_assert!(known.now.is_none_or(|c| c == now), "one clock per transaction");
+            known.now = Some(now);
         }
     }
 
@@ -454,7 +518,7 @@ impl Pool {
     pub async fn begin(&self) -> Result<Tx<'static>, StoreError> {
         Ok(match self {
             Pool::Sqlite { write, .. } => Tx::Sqlite(write.begin_with("BEGIN IMMEDIATE").await?),
-            Pool::Postgres(p) => Tx::Postgres(p.begin().await?, None),
+            Pool::Postgres(p) => Tx::Postgres(p.begin().await?, PgKnown::default()),
         })
     }
 
@@ -463,7 +527,7 @@ impl Pool {
     pub async fn read(&self) -> Result<Tx<'static>, StoreError> {
         Ok(match self {
             Pool::Sqlite { read, .. } => Tx::Sqlite(read.begin().await?),
-            Pool::Postgres(p) => Tx::Postgres(p.begin().await?, None),
+            Pool::Postgres(p) => Tx::Postgres(p.begin().await?, PgKnown::default()),
         })
     }
 

@@ -199,30 +199,46 @@ impl Delivery {
 }
 
 async fn load(tx: &mut Tx<'_>, community: &str, id: &str) -> Result<Option<Delivery>, StoreError> {
-    Ok(load_with_membership(tx, community, id).await?.map(|(d, _)| d))
+    Ok(load_with_membership(tx, community, id, None)
+        .await?
+        .map(|(d, _)| d))
 }
 
 /// A row (locked on PostgreSQL) and whether its target is a member of its
-/// channel, in one statement: a finish needs both.
+/// channel, in one statement: a finish needs both. On PostgreSQL the same
+/// statement takes the author lock `author_lock` (a finish's reply is
+/// stored under it next) when the row exists.
 async fn load_with_membership(
     tx: &mut Tx<'_>,
     community: &str,
     id: &str,
+    author_lock: Option<&str>,
 ) -> Result<Option<(Delivery, bool)>, StoreError> {
-    let lock = if tx.dialect() == Dialect::Postgres {
-        " FOR UPDATE"
+    let postgres = tx.dialect() == Dialect::Postgres;
+    let author_lock = author_lock.filter(|_| postgres);
+    let take = if author_lock.is_some() {
+        format!(", {}", super::db::lock_expr(3))
     } else {
-        ""
+        String::new()
     };
-    let q = Q::new(format!(
+    let row_lock = if postgres { " FOR UPDATE" } else { "" };
+    let mut q = Q::new(format!(
         "SELECT {COLS}, EXISTS (SELECT 1 FROM channel_members m WHERE m.community_id = d.community_id \
-         AND m.channel_id = d.channel AND m.pubkey = d.target_pubkey) \
-         FROM workflow_agent_deliveries d WHERE d.community_id = $1 AND d.id = $2{lock}"
+         AND m.channel_id = d.channel AND m.pubkey = d.target_pubkey){take} \
+         FROM workflow_agent_deliveries d WHERE d.community_id = $1 AND d.id = $2{row_lock}"
     ))
     .bind(community)
     .bind(id);
+    if let Some(key) = author_lock {
+        q = q.bind(key);
+    }
     match tx.one(q).await? {
-        Some(row) => Ok(Some((delivery(&row)?, row.bool(COLS_N)?))),
+        Some(row) => {
+            if let Some(key) = author_lock {
+                tx.locked(key);
+            }
+            Ok(Some((delivery(&row)?, row.bool(COLS_N)?)))
+        }
         None => Ok(None),
     }
 }
@@ -646,7 +662,11 @@ pub async fn finish(
         )));
     }
     let now = tx.now().await?;
-    let Some((d, member)) = load_with_membership(tx, community, id).await? else {
+    let author_lock = req
+        .reply
+        .as_ref()
+        .map(|r| super::sqlstore::author_lock_key(community, &r.pubkey));
+    let Some((d, member)) = load_with_membership(tx, community, id, author_lock.as_deref()).await? else {
         return Ok(Err(Refusal::new(
             404,
             "not_found",

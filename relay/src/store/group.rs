@@ -508,6 +508,7 @@ async fn run_batch(conn: &mut Conn, origin: &str, batch: &[Job]) -> (Vec<Result<
                 if let Err(e) = tx.exec(Q::new("ROLLBACK TO SAVEPOINT call")).await {
                     return fail_all(&e);
                 }
+                tx.forget_locks();
             }
             // A refusal of a one-write call wrote nothing.
             (Ok(_), false) => {}

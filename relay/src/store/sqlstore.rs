@@ -110,6 +110,12 @@ impl SqlStore {
     }
 }
 
+/// The key of the lock ([`Tx::lock`]) that serialises the storing of one
+/// author's events in a community.
+pub(crate) fn author_lock_key(community: &str, author: &PublicKey) -> String {
+    format!("{community}:{}", author.to_hex())
+}
+
 /// Stores `event` inside `tx` under the NIP-01/09/40 rules. The caller
 /// commits (or, on anything but `Stored`, may simply drop `tx`).
 pub(crate) async fn insert_event_tx(
@@ -126,7 +132,7 @@ pub(crate) async fn insert_event_tx(
     let d_tag = replacement_key(event);
 
     // Every rule below is about one author's events: serialise per author.
-    tx.lock(&format!("{community}:{}", event.pubkey.to_hex())).await?;
+    tx.lock(&author_lock_key(community, &event.pubkey)).await?;
 
     let address = d_tag.as_ref().map(|d| address_key(event.kind.as_u16(), d));
     if d_tag.is_none() {
@@ -400,13 +406,11 @@ async fn write_batch(
         // several processes never wait on each other in a cycle.
         let mut keys: Vec<String> = batch
             .iter()
-            .map(|r| format!("{}:{}", r.community, r.event.pubkey.to_hex()))
+            .map(|r| author_lock_key(&r.community, &r.event.pubkey))
             .collect();
         keys.sort();
         keys.dedup();
-        for k in &keys {
-            tx.lock(k).await?;
-        }
+        tx.lock_all(&keys).await?;
     }
     let mut outcomes = Vec::with_capacity(batch.len());
     let mut i = 0;

@@ -13,7 +13,7 @@ use protocol::template::{self, Template};
 use protocol::workflow::{self, Cause, Definition, MessageBinding, Step, Trigger, Validated};
 use serde_json::{json, Value};
 
-use super::db::{Row, Tx, Q};
+use super::db::{Pool, Row, Tx, Q};
 use super::sqlstore::insert_event_tx;
 use super::{InsertOutcome, StoreError};
 use crate::config::DeliveryConfig;
@@ -697,9 +697,11 @@ pub async fn execute_step(
     Ok(out)
 }
 
-/// Runs that are still running, oldest first.
-pub async fn running_runs(tx: &mut Tx<'_>, community: &str, limit: u32) -> Result<Vec<String>, StoreError> {
-    let rows = tx
+/// Runs that are still running, oldest first: one statement, so it needs
+/// no transaction (the engine asks after every trigger; a read transaction
+/// around it was two round trips more each time).
+pub async fn running_runs(pool: &Pool, community: &str, limit: u32) -> Result<Vec<String>, StoreError> {
+    let rows = pool
         .all(
             Q::new(
                 "SELECT id FROM workflow_runs WHERE community_id = $1 AND status = 'running' \
