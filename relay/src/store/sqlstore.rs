@@ -139,8 +139,8 @@ pub(crate) async fn insert_event_tx(
         // The usual case, in one statement: stored unless it already is
         // or its author deleted it; which of the two only when neither
         // insert happened.
-        if let Some(seq) = insert_unless_known(tx, community, event, raw, channel).await? {
-            return finish_insert(tx, community, event, &pubkey, created_at, seq).await;
+        if let Some((seq, tagged)) = insert_unless_known(tx, community, event, raw, channel).await? {
+            return finish_insert(tx, community, event, &pubkey, created_at, seq, tagged).await;
         }
     }
 
@@ -231,11 +231,12 @@ pub(crate) async fn insert_event_tx(
             None
         }
     };
-    finish_insert(tx, community, event, &pubkey, created_at, seq).await
+    finish_insert(tx, community, event, &pubkey, created_at, seq, false).await
 }
 
-/// The event's tag rows and, for a deletion, its effect: what follows the
-/// row's insert (`seq`: its `events.seq` on SQLite).
+/// The event's tag rows (unless `tagged`: the insert wrote them) and, for
+/// a deletion, its effect: what follows the row's insert (`seq`: its
+/// `events.seq` on SQLite).
 async fn finish_insert(
     tx: &mut Tx<'_>,
     community: &str,
@@ -243,10 +244,13 @@ async fn finish_insert(
     pubkey: &[u8],
     created_at: i64,
     seq: Option<i64>,
+    tagged: bool,
 ) -> Result<InsertOutcome, StoreError> {
-    let tags = indexed_tags(event);
-    let rows: Vec<TagRow<'_>> = TagRow::of(event, seq, &tags).collect();
-    insert_tags(tx, community, &rows).await?;
+    if !tagged {
+        let tags = indexed_tags(event);
+        let rows: Vec<TagRow<'_>> = TagRow::of(event, seq, &tags).collect();
+        insert_tags(tx, community, &rows).await?;
+    }
 
     if event.kind.as_u16() == protocol::kinds::DELETION {
         apply_deletion(tx, community, event, pubkey, created_at).await?;
@@ -255,27 +259,58 @@ async fn finish_insert(
 }
 
 /// Inserts a non-replaceable event unless it is already stored or its
-/// author deleted it, in one statement. `Some(seq)` when it was inserted
-/// (`seq`: its `events.seq` on SQLite, `None` on PostgreSQL); `None` when
-/// not: the caller's checks then say why.
+/// author deleted it, in one statement. `Some((seq, tagged))` when it was
+/// inserted (`seq`: its `events.seq` on SQLite, `None` on PostgreSQL;
+/// `tagged`: its tag rows were inserted by the same statement, as on
+/// PostgreSQL for up to [`MAX_TAGS_WITH_EVENT`] of them); `None` when not:
+/// the caller's checks then say why.
 async fn insert_unless_known(
     tx: &mut Tx<'_>,
     community: &str,
     event: &Event,
     raw: &str,
     channel: Option<&str>,
-) -> Result<Option<Option<i64>>, StoreError> {
+) -> Result<Option<(Option<i64>, bool)>, StoreError> {
+    let d = tx.dialect();
+    let tags = match d {
+        Dialect::Postgres => indexed_tags(event),
+        Dialect::Sqlite => Vec::new(),
+    };
+    let tagged = d == Dialect::Postgres && (1..=MAX_TAGS_WITH_EVENT).contains(&tags.len());
     // PostgreSQL's events have no `seq` column (their tags key on the id).
-    let returning = match tx.dialect() {
+    let returning = match d {
         Dialect::Sqlite => "seq",
         Dialect::Postgres => "created_at",
     };
-    let q = Q::new(format!(
+    let insert = format!(
         "INSERT INTO events (community_id, created_at, id, pubkey, kind, d_tag, expires_at, channel, raw) \
          SELECT $1, $2, $3, $4, $5, NULL, $6, $7, $8 WHERE NOT EXISTS (SELECT 1 FROM deletions \
          WHERE community_id = $1 AND pubkey = $4 AND target = $9) \
          ON CONFLICT DO NOTHING RETURNING {returning}"
-    ))
+    );
+    let mut q = Q::new(if tagged {
+        // The tag rows in the same statement (a round trip less per
+        // event), only if the event row went in: they join its RETURNING.
+        let mut sql = format!(
+            "WITH ins AS ({insert}), tagged AS (INSERT INTO event_tags \
+             (community_id, event_created_at, event_id, name, value, value_hash) \
+             SELECT $1, ins.created_at, $3, v.name, v.value, v.hash FROM ins CROSS JOIN (VALUES "
+        );
+        for k in 0..tags.len() {
+            sql.push_str(if k == 0 { "(" } else { ",(" });
+            for c in 0..3 {
+                if c > 0 {
+                    sql.push_str(", ");
+                }
+                d.push_placeholder(&mut sql, 10 + 3 * k + c);
+            }
+            sql.push(')');
+        }
+        sql.push_str(") AS v(name, value, hash) ON CONFLICT DO NOTHING) SELECT created_at FROM ins");
+        sql
+    } else {
+        insert
+    })
     .bind(community)
     .bind(i64::try_from(event.created_at.as_secs()).unwrap_or(i64::MAX))
     .bind(event.id.as_bytes().to_vec())
@@ -285,14 +320,26 @@ async fn insert_unless_known(
     .bind(channel.map(str::to_string))
     .bind(raw)
     .bind(event.id.to_hex());
+    if tagged {
+        for (name, value) in &tags {
+            q = q
+                .bind(name.as_str())
+                .bind(value.as_str())
+                .bind(value_hash(value).to_vec());
+        }
+    }
     let Some(row) = tx.one(q).await? else {
         return Ok(None);
     };
-    Ok(Some(match tx.dialect() {
-        Dialect::Sqlite => Some(row.int(0)?),
-        Dialect::Postgres => None,
+    Ok(Some(match d {
+        Dialect::Sqlite => (Some(row.int(0)?), false),
+        Dialect::Postgres => (None, tagged),
     }))
 }
+
+/// Most tag rows written by the statement that inserts their event
+/// (PostgreSQL); an event with more has them written by [`insert_tags`].
+const MAX_TAGS_WITH_EVENT: usize = 64;
 
 async fn apply_deletion(
     tx: &mut Tx<'_>,
