@@ -207,6 +207,15 @@ impl PgServer {
         format!("postgres://postgres@127.0.0.1:{}/{name}", self.port)
     }
 
+    /// The server's (postmaster's) process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|c| c.id())
+    }
+
     /// Stops the server (fast shutdown) and waits for it to exit.
     pub fn stop(&self) {
         if let Some(mut c) = self.child.lock().unwrap_or_else(|p| p.into_inner()).take() {

@@ -83,6 +83,42 @@ async fn next_json(ws: &mut Ws) -> Option<Value> {
     }
 }
 
+/// CPU seconds (user + system) used so far by process `pid`, with
+/// `children` also its exited children and its live child processes (a
+/// PostgreSQL server: the postmaster and its backends). Linux /proc.
+fn cpu_secs(pid: u32, children: bool) -> f64 {
+    // Fields after the command name: state ppid ... utime(12) stime(13)
+    // cutime(14) cstime(15), 1-based from the state field.
+    let fields = |p: &str| -> Option<(u32, [u64; 4])> {
+        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+        let rest = stat.get(stat.rfind(')')? + 2..)?;
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let n = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        Some((n(1) as u32, [n(11), n(12), n(13), n(14)]))
+    };
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let Some((_, [ut, st, cut, cst])) = fields(&pid.to_string()) else {
+        return 0.0;
+    };
+    let mut total = ut + st;
+    if children {
+        total += cut + cst;
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let name = entry.file_name();
+            let Some(name) = name.to_str().filter(|n| n.bytes().all(|b| b.is_ascii_digit())) else {
+                continue;
+            };
+            if let Some((ppid, [ut, st, _, _])) = fields(name) {
+                if ppid == pid {
+                    total += ut + st;
+                }
+            }
+        }
+    }
+    total as f64 / ticks
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
@@ -591,6 +627,14 @@ async fn delivery(relay: &Relay, rounds: usize, quick: bool, rate: u32) {
     let messages = if quick { 50 } else { 200 };
     let (mut rates, mut burst_p50, mut burst_p99) = (Vec::new(), Vec::new(), Vec::new());
     let (mut paced_rates, mut p50_v, mut p99_v) = (Vec::new(), Vec::new(), Vec::new());
+    // CPU per delivery in the back-to-back phase: the machine's two cores
+    // are shared by the relay, the database and the bench's agents, so
+    // this, unlike the rate, hardly moves with the hour's speed.
+    let (mut relay_cpu, mut pg_cpu) = (Vec::new(), Vec::new());
+    let pg_pid = match &relay.store.backend {
+        Backend::Postgres(server) => server.pid(),
+        Backend::Sqlite => None,
+    };
     // Round 0 warms up and is not counted: it fills the tables a little,
     // after which PostgreSQL gets the statistics autovacuum would have
     // gathered within its first minute (its nap is 60 s; the bench's
@@ -622,6 +666,10 @@ async fn delivery(relay: &Relay, rounds: usize, quick: bool, rate: u32) {
         for r in ready {
             let _ = r.await;
         }
+        let cpu_before = (
+            relay.pid().map(|p| cpu_secs(p, false)),
+            pg_pid.map(|p| cpu_secs(p, true)),
+        );
         let burst = triggers(
             &mut fx,
             &mut done_rx,
@@ -636,6 +684,17 @@ async fn delivery(relay: &Relay, rounds: usize, quick: bool, rate: u32) {
                 relay.store.sql("ANALYZE");
             }
             continue;
+        }
+        let per_delivery_ms = |before: Option<f64>, now: Option<f64>| {
+            before
+                .zip(now)
+                .map(|(b, n)| (n - b) * 1000.0 / (agents_n * messages) as f64)
+        };
+        if let Some(ms) = per_delivery_ms(cpu_before.0, relay.pid().map(|p| cpu_secs(p, false))) {
+            relay_cpu.push(ms);
+        }
+        if let Some(ms) = per_delivery_ms(cpu_before.1, pg_pid.map(|p| cpu_secs(p, true))) {
+            pg_cpu.push(ms);
         }
         rates.push(burst.0);
         burst_p50.push(percentile(&burst.1, 0.5));
@@ -658,6 +717,17 @@ async fn delivery(relay: &Relay, rounds: usize, quick: bool, rate: u32) {
         "delivery: {:.1} deliveries/s end to end ({agents_n} agents, triggers back to back)",
         median(rates)
     );
+    if !relay_cpu.is_empty() {
+        let database = if pg_cpu.is_empty() {
+            " (SQLite works in the relay's process)".to_string()
+        } else {
+            format!(", PostgreSQL {:.2} ms", median(pg_cpu))
+        };
+        println!(
+            "delivery CPU per delivery, triggers back to back: relay {:.2} ms{database}",
+            median(relay_cpu)
+        );
+    }
     println!(
         "delivery trigger-to-claim, triggers back to back: p50 {:.1} ms, p99 {:.1} ms (queueing)",
         median(burst_p50),
