@@ -233,6 +233,12 @@ impl From<Option<Vec<u8>>> for Bind {
         Bind::OptBlob(v)
     }
 }
+impl From<Vec<String>> for Bind {
+    fn from(v: Vec<String>) -> Self {
+        Bind::TextArray(v)
+    }
+}
+
 impl From<Vec<u8>> for Bind {
     fn from(v: Vec<u8>) -> Self {
         Bind::Blob(v)
@@ -249,7 +255,10 @@ impl From<[u8; 32]> for Bind {
     }
 }
 
-fn args<A>(binds: Vec<Bind>) -> Result<A, StoreError>
+fn args<A>(
+    binds: Vec<Bind>,
+    mut text_array: impl FnMut(&mut A, Vec<String>) -> Result<(), StoreError>,
+) -> Result<A, StoreError>
 where
     A: Arguments,
     i64: for<'q> Encode<'q, A::Database> + Type<A::Database>,
@@ -270,6 +279,10 @@ where
             Bind::Blob(v) => a.add(v),
             Bind::OptBlob(v) => a.add(v),
             Bind::Bool(v) => a.add(v),
+            Bind::TextArray(v) => {
+                text_array(&mut a, v)?;
+                continue;
+            }
         };
         r.map_err(|e| StoreError::Corrupt(format!("bind: {e}")))?;
     }
@@ -277,11 +290,15 @@ where
 }
 
 fn sqlite_args(binds: Vec<Bind>) -> Result<SqliteArguments, StoreError> {
-    args(binds)
+    args(binds, |_, _| {
+        Err(StoreError::Corrupt("bind: SQLite has no array parameters".into()))
+    })
 }
 
 fn pg_args(binds: Vec<Bind>) -> Result<PgArguments, StoreError> {
-    args(binds)
+    args(binds, |a: &mut PgArguments, v| {
+        a.add(v).map_err(|e| StoreError::Corrupt(format!("bind: {e}")))
+    })
 }
 
 fn neutral<DB, R>(row: &R) -> Result<Row, StoreError>
@@ -414,23 +431,25 @@ impl Tx<'_> {
 
     /// [`Tx::lock`] on each of `keys`, in their order (callers sort them,
     /// so that two transactions never wait on each other in a cycle), in
-    /// one statement: a VALUES list is scanned in order.
+    /// one statement: `unnest` returns an array's elements in order.
     pub async fn lock_all(&mut self, keys: &[String]) -> Result<(), StoreError> {
         let Tx::Postgres(_, known) = self else {
             return Ok(());
         };
-        let fresh: Vec<&String> = keys.iter().filter(|k| !known.locks.contains(k)).collect();
+        let fresh: Vec<String> = keys
+            .iter()
+            .filter(|k| !known.locks.contains(k))
+            .cloned()
+            .collect();
         if fresh.is_empty() {
             return Ok(());
         }
-        let mut q = Q::new("SELECT pg_advisory_xact_lock(hashtextextended(k, 0)) FROM (VALUES ");
-        for (i, k) in fresh.iter().enumerate() {
-            Dialect::Postgres.push_values_row(&mut q.sql, i, 1);
-            q = q.bind(k.as_str());
-        }
-        q.sql.push_str(") AS v(k)");
-        self.exec(q).await?;
-        for k in fresh {
+        self.exec(
+            Q::new("SELECT pg_advisory_xact_lock(hashtextextended(k, 0)) FROM unnest($1::text[]) AS k")
+                .bind(fresh.clone()),
+        )
+        .await?;
+        for k in &fresh {
             self.locked(k);
         }
         Ok(())

@@ -154,18 +154,12 @@ pub async fn notify(tx: &mut Tx<'_>, origin: &str, events: &[(&str, &str)]) -> R
         return Ok(());
     }
     // One statement for all of them: a step's wakes and a batch's replies
-    // were a round trip each. A VALUES list is scanned in order, so the
-    // notifications are queued (and delivered) in the order given.
-    let mut sql = String::from("SELECT pg_notify($1, p) FROM (VALUES ");
-    for i in 0..payloads.len() {
-        sql.push_str(if i == 0 { "($" } else { "),($" });
-        sql.push_str(&(i + 2).to_string());
-    }
-    sql.push_str(")) AS v(p)");
-    let mut q = Q::new(sql).bind(FANOUT_CHANNEL);
-    for p in payloads {
-        q = q.bind(p);
-    }
+    // were a round trip each. `unnest` returns the array's elements in
+    // order, so the notifications are queued (and delivered) in the order
+    // given; one statement text whatever their number.
+    let q = Q::new("SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p")
+        .bind(FANOUT_CHANNEL)
+        .bind(payloads);
     tx.exec(q).await?;
     Ok(())
 }

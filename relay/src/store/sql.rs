@@ -30,6 +30,10 @@ pub enum Bind {
     OptBlob(Option<Vec<u8>>),
     Blob(Vec<u8>),
     Bool(bool),
+    /// A `text[]` (PostgreSQL only; SQLite refuses it): one statement text
+    /// for a list of any length, where a VALUES list would be a new
+    /// statement (parsed and planned again) for every length.
+    TextArray(Vec<String>),
 }
 
 impl Dialect {
