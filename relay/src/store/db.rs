@@ -29,11 +29,16 @@ pub enum Pool {
 
 /// The expression of [`Tx::lock`]'s advisory lock (PostgreSQL) on the key
 /// bound as placeholder `n`: another statement may take the lock in its
-/// select list, saving a round trip, and then call [`Tx::locked`]. Its
-/// value is an empty text (the function returns `void`, which rows cannot
-/// decode).
+/// select list, saving a round trip, and then call [`Tx::locked`].
 pub fn lock_expr(n: usize) -> String {
-    format!("CAST(pg_advisory_xact_lock(hashtextextended(${n}, 0)) AS TEXT)")
+    lock_of(&format!("${n}"))
+}
+
+/// The advisory lock on the key that the SQL expression `key` gives (the
+/// one place that says how a key becomes a lock). Its value is an empty
+/// text (the function returns `void`, which rows cannot decode).
+fn lock_of(key: &str) -> String {
+    format!("CAST(pg_advisory_xact_lock(hashtextextended({key}, 0)) AS TEXT)")
 }
 
 /// An open transaction of either backend. PostgreSQL's carries what a
@@ -445,8 +450,7 @@ impl Tx<'_> {
             return Ok(());
         }
         self.exec(
-            Q::new("SELECT pg_advisory_xact_lock(hashtextextended(k, 0)) FROM unnest($1::text[]) AS k")
-                .bind(fresh.clone()),
+            Q::new(format!("SELECT {} FROM unnest($1::text[]) AS k", lock_of("k"))).bind(fresh.clone()),
         )
         .await?;
         for k in &fresh {

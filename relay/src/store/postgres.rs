@@ -23,10 +23,9 @@ use crate::config::PostgresConfig;
 const FANOUT_CHANNEL: &str = "relay_events";
 /// Largest NOTIFY payload sent inline (PostgreSQL's limit is 8000 bytes).
 const MAX_INLINE_PAYLOAD_BYTES: usize = 7_000;
-/// Advisory lock key serialising migrations and partition maintenance.
 /// A pooled connection idle this long is pinged before it is handed out.
 const PING_IDLE_AFTER: Duration = Duration::from_secs(1);
-
+/// Advisory lock key serialising migrations and partition maintenance.
 const SCHEMA_LOCK_KEY: i64 = 0x7265_6c61_7970_6172; // "relaypar"
 
 /// Connects and migrates (several processes may start at once: under a lock).

@@ -40,12 +40,18 @@ impl Dialect {
     /// Appends the `row`th (0-based) tuple `(…)` of a multi-row `VALUES`
     /// whose rows are all `width` binds wide (a comma before all but the first).
     pub fn push_values_row(self, sql: &mut String, row: usize, width: usize) {
+        self.push_values_row_after(sql, row, width, 0);
+    }
+
+    /// [`Dialect::push_values_row`] for a `VALUES` whose binds follow
+    /// `before` other binds of the statement.
+    pub fn push_values_row_after(self, sql: &mut String, row: usize, width: usize, before: usize) {
         sql.push_str(if row > 0 { ",(" } else { "(" });
         for c in 0..width {
             if c > 0 {
                 sql.push_str(", ");
             }
-            self.push_placeholder(sql, row * width + c + 1);
+            self.push_placeholder(sql, before + row * width + c + 1);
         }
         sql.push(')');
     }

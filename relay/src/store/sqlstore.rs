@@ -297,14 +297,7 @@ async fn insert_unless_known(
              SELECT $1, ins.created_at, $3, v.name, v.value, v.hash FROM ins CROSS JOIN (VALUES "
         );
         for k in 0..tags.len() {
-            sql.push_str(if k == 0 { "(" } else { ",(" });
-            for c in 0..3 {
-                if c > 0 {
-                    sql.push_str(", ");
-                }
-                d.push_placeholder(&mut sql, 10 + 3 * k + c);
-            }
-            sql.push(')');
+            d.push_values_row_after(&mut sql, k, 3, 9);
         }
         sql.push_str(") AS v(name, value, hash) ON CONFLICT DO NOTHING) SELECT created_at FROM ins");
         sql
