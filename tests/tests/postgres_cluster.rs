@@ -1,5 +1,6 @@
 //! PostgreSQL-specific behaviour: several relay processes on one database,
-//! a database restart under a running relay, time partitions, tag indexing.
+//! a database restart under a running relay, time partitions, tag indexing,
+//! plans that do not depend on the statistics of the moment.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,6 +8,7 @@ use std::time::Duration;
 use nostr::prelude::Keys;
 use serde_json::json;
 use tests::relay::Store;
+use tests::workflow::{claim, deliveries, eventually, on_message, Fixture};
 use tests::{event, Backend, Client, Relay, RelayOptions};
 
 fn hex(k: &Keys) -> String {
@@ -219,6 +221,79 @@ async fn relay_survives_a_database_restart() {
             break;
         }
     }
+}
+
+/// A claim reads its row by its key even when the statistics say that no
+/// delivery is pending (gathered in a quiet moment) while thousands are: with
+/// `status = 'pending'` the planner took `deliveries_pending_expiry`, which
+/// the statistics said was empty, and every claim walked all pending rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_read_their_row_by_key_whatever_the_statistics() {
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
+    let store = Store::new(&backend);
+    let relay = Relay::start_with(store.clone(), RelayOptions::default());
+    let mut fx = Fixture::new(&relay, "ops", 1).await;
+    fx.define("w", &on_message(&format!("{} go", fx.mention(0))))
+        .await;
+    fx.post("go").await;
+    let row = eventually(|| async { deliveries(&relay).into_iter().next() }).await;
+    let id = row["id"].as_str().expect("id").to_string();
+    // 4,000 more pending rows (copies under other runs, due in an hour, so
+    // that nothing claims them), then a quiet moment in which none is
+    // pending and the statistics are gathered, then the burst again.
+    store.sql(&format!(
+        "INSERT INTO workflow_agent_deliveries (community_id, id, workflow_id, run_id, step_id, \
+         target_pubkey, channel, definition_event_id, message_event_id, message_created_at, status, \
+         attempt, max_attempts, next_attempt_at, expires_at, trigger_context, execution_trace, \
+         created_at, updated_at) SELECT community_id, 'waiting-' || g, workflow_id, 'waiting-' || g, \
+         step_id, target_pubkey, channel, definition_event_id, message_event_id, message_created_at, \
+         status, 0, max_attempts, next_attempt_at + 3600, expires_at, trigger_context, \
+         execution_trace, created_at, updated_at FROM workflow_agent_deliveries, \
+         generate_series(1, 4000) g WHERE id = '{id}'"
+    ));
+    store.sql("UPDATE workflow_agent_deliveries SET status = 'delivered' WHERE status = 'pending'");
+    store.sql("ANALYZE workflow_agent_deliveries");
+    store.sql("UPDATE workflow_agent_deliveries SET status = 'pending' WHERE status = 'delivered'");
+    store.sql("SELECT pg_stat_reset()");
+
+    let expected = json!({"run_id": row["run_id"], "step_id": "notify",
+        "definition_event_id": row["definition_event_id"],
+        "message_event_id": row["message_event_id"], "channel": "ops"});
+    let (status, v) = claim(
+        &relay,
+        &fx.agents[0],
+        json!({"delivery_id": id, "expected": expected}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["delivery"]["id"].as_str(), Some(id.as_str()), "{v}");
+
+    // Index entries read, per index, once the backend that ran the claim has
+    // reported its counters with the claim's update (it does so when idle,
+    // within about ten seconds).
+    let mut reported = false;
+    for _ in 0..300 {
+        let updated = store
+            .sql("SELECT n_tup_upd FROM pg_stat_user_tables WHERE relname = 'workflow_agent_deliveries'");
+        if updated.parse::<i64>().unwrap_or(0) > 0 {
+            reported = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(reported, "the claim's update was never reported");
+    let seen = store.sql(
+        "SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes \
+         WHERE relname = 'workflow_agent_deliveries' AND idx_tup_read > 0 ORDER BY 1",
+    );
+    let total: i64 = seen
+        .lines()
+        .filter_map(|l| l.rsplit('|').next()?.trim().parse::<i64>().ok())
+        .sum();
+    assert!(total > 0, "no index reads reported: {seen:?}");
+    assert!(total < 100, "the claim read {total} index entries: {seen}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
