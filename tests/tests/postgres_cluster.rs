@@ -233,9 +233,9 @@ async fn claims_read_their_row_by_key_whatever_the_statistics() {
         return;
     };
     let store = Store::new(&backend);
-    // No sweep after the one at startup: only the claim reads the table.
-    // (The sweeps walk their own partial indexes; with statistics like
-    // these they can take another one: docs/performance.md, seventh pass.)
+    // No sweep after the one at startup, so that only the claim reads the
+    // table: the sweep for expired rows can still walk `deliveries_due`
+    // with statistics like these (docs/performance.md, seventh pass).
     let relay = Relay::start_with(
         store.clone(),
         RelayOptions {

@@ -216,6 +216,13 @@ pub async fn on_definition_deleted(
     Ok(())
 }
 
+/// The deliveries still open (pending or claimed), written as an OR so that
+/// each arm reads its own partial index (`deliveries_due` or
+/// `deliveries_pending_expiry`, and `deliveries_claimed`; a bitmap OR on
+/// PostgreSQL): the cancellations touch only open rows, without an index of
+/// their own (migration 0005 on PostgreSQL, 0007 on SQLite, says why).
+const ACTIVE_ROWS: &str = "(status = 'pending' OR status = 'claimed')";
+
 /// Cancels a workflow's running runs and open deliveries.
 pub async fn cancel_workflow(tx: &mut Tx<'_>, community: &str, workflow_id: &str) -> Result<(), StoreError> {
     let now = tx.now().await?;
@@ -230,11 +237,11 @@ pub async fn cancel_workflow(tx: &mut Tx<'_>, community: &str, workflow_id: &str
     )
     .await?;
     tx.exec(
-        Q::new(
+        Q::new(format!(
             "UPDATE workflow_agent_deliveries SET status = 'cancelled', failure_code = 'workflow_disabled', \
              claim_token = NULL, updated_at = $3 \
-             WHERE community_id = $1 AND workflow_id = $2 AND status IN ('pending', 'claimed')",
-        )
+             WHERE community_id = $1 AND workflow_id = $2 AND {ACTIVE_ROWS}"
+        ))
         .bind(community)
         .bind(workflow_id)
         .bind(now),
@@ -266,11 +273,11 @@ pub async fn cancel_channel(tx: &mut Tx<'_>, community: &str, channel: &str) -> 
     )
     .await?;
     tx.exec(
-        Q::new(
+        Q::new(format!(
             "UPDATE workflow_agent_deliveries SET status = 'cancelled', failure_code = 'channel_deleted', \
              claim_token = NULL, updated_at = $3 \
-             WHERE community_id = $1 AND channel = $2 AND status IN ('pending', 'claimed')",
-        )
+             WHERE community_id = $1 AND channel = $2 AND {ACTIVE_ROWS}"
+        ))
         .bind(community)
         .bind(channel)
         .bind(now),
