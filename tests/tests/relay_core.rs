@@ -95,6 +95,27 @@ async fn pipelined_events_keep_their_rules(backend: Backend) {
         .await
         .events()
         .is_empty());
+    // Stored ones sent again in a burst (batches checking the store, not
+    // the burst itself), the deleted one among them: each answered alone.
+    let again: Vec<_> = fresh[..12].iter().chain([&deleted]).cloned().collect();
+    for e in &again {
+        c.send(json!(["EVENT", e])).await;
+    }
+    for e in &again {
+        let v = loop {
+            let v = c.recv().await;
+            if v[0] == "OK" {
+                break v;
+            }
+        };
+        assert_eq!(v[1].as_str(), Some(e.id.to_hex().as_str()));
+        let msg = v[3].as_str().unwrap_or("");
+        if e.id == deleted.id {
+            assert!(v[2] == false && msg.starts_with("blocked:"), "{v}");
+        } else {
+            assert!(v[2] == true && msg.starts_with("duplicate:"), "{v}");
+        }
+    }
 }
 
 fn hex(k: &Keys) -> String {

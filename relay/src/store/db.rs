@@ -260,9 +260,11 @@ impl From<[u8; 32]> for Bind {
     }
 }
 
+/// The arguments of a statement; `array` binds the array variants, which
+/// only PostgreSQL has.
 fn args<A>(
     binds: Vec<Bind>,
-    mut text_array: impl FnMut(&mut A, Vec<String>) -> Result<(), StoreError>,
+    mut array: impl FnMut(&mut A, Bind) -> Result<(), StoreError>,
 ) -> Result<A, StoreError>
 where
     A: Arguments,
@@ -284,8 +286,8 @@ where
             Bind::Blob(v) => a.add(v),
             Bind::OptBlob(v) => a.add(v),
             Bind::Bool(v) => a.add(v),
-            Bind::TextArray(v) => {
-                text_array(&mut a, v)?;
+            b @ (Bind::TextArray(_) | Bind::IntArray(_) | Bind::BlobArray(_)) => {
+                array(&mut a, b)?;
                 continue;
             }
         };
@@ -301,8 +303,14 @@ fn sqlite_args(binds: Vec<Bind>) -> Result<SqliteArguments, StoreError> {
 }
 
 fn pg_args(binds: Vec<Bind>) -> Result<PgArguments, StoreError> {
-    args(binds, |a: &mut PgArguments, v| {
-        a.add(v).map_err(|e| StoreError::Corrupt(format!("bind: {e}")))
+    args(binds, |a: &mut PgArguments, b| {
+        let r = match b {
+            Bind::TextArray(v) => a.add(v),
+            Bind::IntArray(v) => a.add(v),
+            Bind::BlobArray(v) => a.add(v),
+            _ => return Err(StoreError::Corrupt("bind: not an array".into())),
+        };
+        r.map_err(|e| StoreError::Corrupt(format!("bind: {e}")))
     })
 }
 

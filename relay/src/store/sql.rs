@@ -34,6 +34,10 @@ pub enum Bind {
     /// for a list of any length, where a VALUES list would be a new
     /// statement (parsed and planned again) for every length.
     TextArray(Vec<String>),
+    /// A `bigint[]`, like [`Bind::TextArray`].
+    IntArray(Vec<i64>),
+    /// A `bytea[]`, like [`Bind::TextArray`].
+    BlobArray(Vec<Vec<u8>>),
 }
 
 impl Dialect {

@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 
 use super::api::HttpAuthUse;
 use super::db::{Pool, Tx, Q};
-use super::sql::{self, value_hash, Dialect};
+use super::sql::{self, value_hash, Bind, Dialect};
 use super::{
     address_key, deletion_targets, expiration, indexed_tags, replacement_key, ChannelView, CommunityRecord,
     InsertOutcome, Published, ReadScope, RemoteEvent, Store, StoreError, StoredEvent,
@@ -127,7 +127,7 @@ pub(crate) async fn insert_event_tx(
 ) -> Result<InsertOutcome, StoreError> {
     let id = event.id.as_bytes().to_vec();
     let pubkey = event.pubkey.to_bytes().to_vec();
-    let created_at = i64::try_from(event.created_at.as_secs()).unwrap_or(i64::MAX);
+    let created_at = created_at_of(event);
     let kind = i64::from(event.kind.as_u16());
     let d_tag = replacement_key(event);
 
@@ -305,7 +305,7 @@ async fn insert_unless_known(
         insert
     })
     .bind(community)
-    .bind(i64::try_from(event.created_at.as_secs()).unwrap_or(i64::MAX))
+    .bind(created_at_of(event))
     .bind(event.id.as_bytes().to_vec())
     .bind(event.pubkey.to_bytes().to_vec())
     .bind(i64::from(event.kind.as_u16()))
@@ -513,6 +513,32 @@ fn community_in_list<B: Into<super::db::Bind>>(
     q.in_list(d, values)
 }
 
+/// An event's `created_at` as stored (a time past `i64::MAX` seconds,
+/// which the relay's limits refuse anyway, saturates).
+fn created_at_of(event: &Event) -> i64 {
+    i64::try_from(event.created_at.as_secs()).unwrap_or(i64::MAX)
+}
+
+/// PostgreSQL: the pairs `(a[i], b[i])` that some row of `table` in
+/// `community` has in its columns `cols` (name, SQL type), each pair looked
+/// up by itself in a LATERAL subquery, which the planner cannot turn into
+/// one scan of the community. With `IN (…)` lists it did, whenever the
+/// statistics (a minute old during a bulk load) put the community at a few
+/// dozen rows: every event of the community read for each batch, 117 ms a
+/// batch of 256 (docs/performance.md, seventh pass). Arrays also make it one
+/// statement text for every batch size.
+fn pg_pairs_present(table: &str, cols: [(&str, &str); 2], community: &str, a: Bind, b: Bind) -> Q {
+    let [(ca, ta), (cb, tb)] = cols;
+    Q::new(format!(
+        "SELECT k.{ca}, k.{cb} FROM unnest($2::{ta}[], $3::{tb}[]) AS k({ca}, {cb}) \
+         CROSS JOIN LATERAL (SELECT 1 FROM {table} x WHERE x.community_id = $1 \
+         AND x.{ca} = k.{ca} AND x.{cb} = k.{cb} LIMIT 1) AS hit"
+    ))
+    .bind(community)
+    .bind(a)
+    .bind(b)
+}
+
 /// Stores a run of regular events of one community with a few statements:
 /// the same rules as [`insert_event_tx`] (duplicate, deleted by its author),
 /// in run order (a repeat within the run is a duplicate).
@@ -520,26 +546,59 @@ async fn insert_plain_run(tx: &mut Tx<'_>, run: &[InsertRequest]) -> Result<Vec<
     let d = tx.dialect();
     let community = run[0].community.as_str();
     // Which are already stored, and which did their author delete?
-    let q = community_in_list(
-        d,
-        "SELECT id FROM events",
-        community,
-        "id",
-        run.iter().map(|r| r.event.id.to_bytes()),
-    );
+    let q = match d {
+        // An id fixes its event's created_at: one partition's primary key.
+        Dialect::Postgres => {
+            let (ids, times): (Vec<Vec<u8>>, Vec<i64>) = run
+                .iter()
+                .map(|r| (r.event.id.to_bytes().to_vec(), created_at_of(&r.event)))
+                .unzip();
+            pg_pairs_present(
+                "events",
+                [("id", "bytea"), ("created_at", "bigint")],
+                community,
+                Bind::BlobArray(ids),
+                Bind::IntArray(times),
+            )
+        }
+        Dialect::Sqlite => community_in_list(
+            d,
+            "SELECT id FROM events",
+            community,
+            "id",
+            run.iter().map(|r| r.event.id.to_bytes()),
+        ),
+    };
     let stored: std::collections::HashSet<[u8; 32]> = tx
         .all(q)
         .await?
         .iter()
         .map(|row| row.id32(0))
         .collect::<Result<_, _>>()?;
-    let q = community_in_list(
-        d,
-        "SELECT pubkey, target FROM deletions",
-        community,
-        "target",
-        run.iter().map(|r| r.event.id.to_hex()),
-    );
+    let q = match d {
+        // The whole primary key, (author, target): `target IN (…)` could
+        // use only its first column and read every deletion of the community.
+        Dialect::Postgres => {
+            let (authors, targets): (Vec<Vec<u8>>, Vec<String>) = run
+                .iter()
+                .map(|r| (r.event.pubkey.to_bytes().to_vec(), r.event.id.to_hex()))
+                .unzip();
+            pg_pairs_present(
+                "deletions",
+                [("pubkey", "bytea"), ("target", "text")],
+                community,
+                Bind::BlobArray(authors),
+                Bind::TextArray(targets),
+            )
+        }
+        Dialect::Sqlite => community_in_list(
+            d,
+            "SELECT pubkey, target FROM deletions",
+            community,
+            "target",
+            run.iter().map(|r| r.event.id.to_hex()),
+        ),
+    };
     let deleted: std::collections::HashSet<(Vec<u8>, String)> = tx
         .all(q)
         .await?
@@ -583,7 +642,7 @@ async fn insert_plain_run(tx: &mut Tx<'_>, run: &[InsertRequest]) -> Result<Vec<
         let e = &r.event;
         q = q
             .bind(community)
-            .bind(i64::try_from(e.created_at.as_secs()).unwrap_or(i64::MAX))
+            .bind(created_at_of(e))
             .bind(e.id.to_bytes())
             .bind(e.pubkey.to_bytes())
             .bind(i64::from(e.kind.as_u16()))
@@ -639,7 +698,7 @@ struct TagRow<'a> {
 impl<'a> TagRow<'a> {
     /// The tag index rows of `event`, whose [`indexed_tags`] are `tags`.
     fn of(event: &Event, seq: Option<i64>, tags: &'a [(String, String)]) -> impl Iterator<Item = TagRow<'a>> {
-        let created_at = i64::try_from(event.created_at.as_secs()).unwrap_or(i64::MAX);
+        let created_at = created_at_of(event);
         let id = event.id.to_bytes();
         tags.iter().map(move |(name, value)| TagRow {
             seq,
