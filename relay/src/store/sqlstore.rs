@@ -576,8 +576,9 @@ async fn insert_plain_run(tx: &mut Tx<'_>, run: &[InsertRequest]) -> Result<Vec<
         .map(|row| row.id32(0))
         .collect::<Result<_, _>>()?;
     let q = match d {
-        // The whole primary key, (author, target): `target IN (…)` could
-        // use only its first column and read every deletion of the community.
+        // The whole primary key, (author, target), on both backends:
+        // `target IN (…)` could use only its first column and read every
+        // deletion of the community for each batch.
         Dialect::Postgres => {
             let (authors, targets): (Vec<Vec<u8>>, Vec<String>) = run
                 .iter()
@@ -591,13 +592,24 @@ async fn insert_plain_run(tx: &mut Tx<'_>, run: &[InsertRequest]) -> Result<Vec<
                 Bind::TextArray(targets),
             )
         }
-        Dialect::Sqlite => community_in_list(
-            d,
-            "SELECT pubkey, target FROM deletions",
-            community,
-            "target",
-            run.iter().map(|r| r.event.id.to_hex()),
-        ),
+        // SQLite probes the key for each row of a VALUES list joined to
+        // the table.
+        Dialect::Sqlite => {
+            let mut q = Q::new("SELECT x.pubkey, x.target FROM (VALUES ");
+            for (k, r) in run.iter().enumerate() {
+                q.sql.push_str(if k > 0 { ", (" } else { "(" });
+                q = q.arg(d, r.event.pubkey.to_bytes().to_vec());
+                q.sql.push_str(", ");
+                q = q.arg(d, r.event.id.to_hex());
+                q.sql.push(')');
+            }
+            q.sql
+                .push_str(") AS k CROSS JOIN deletions x ON x.community_id = ");
+            q = q.arg(d, community);
+            q.sql
+                .push_str(" AND x.pubkey = k.column1 AND x.target = k.column2");
+            q
+        }
     };
     let deleted: std::collections::HashSet<(Vec<u8>, String)> = tx
         .all(q)
