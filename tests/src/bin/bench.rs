@@ -49,6 +49,11 @@ struct Args {
     /// first, to this file at the end (the database's share of a figure).
     #[arg(long)]
     pg_stats: Option<std::path::PathBuf>,
+    /// Unanswered EVENTs each ingest connection keeps in flight, against
+    /// every target (our relay reads 1024 ahead; nostr-rs-relay stalls with
+    /// that many from 16 connections, and runs with 256).
+    #[arg(long, default_value_t = INGEST_WINDOW)]
+    ingest_window: usize,
 }
 
 type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
@@ -170,14 +175,15 @@ async fn pump(url: String, events: Vec<Event>, window: usize) -> usize {
     ok
 }
 
-/// Unanswered EVENTs each ingest connection keeps in flight: as many as
-/// the bench's relay reads ahead (`max_inflight_events` in `BENCH_TOML`),
-/// so that checking signatures of the next events overlaps with storing
-/// the previous ones even from one connection.
+/// Unanswered EVENTs each ingest connection keeps in flight by default: as
+/// many as the bench's relay reads ahead (`max_inflight_events` in
+/// `BENCH_TOML`), so that checking signatures of the next events overlaps
+/// with storing the previous ones even from one connection.
 const INGEST_WINDOW: usize = 1024;
 
-/// Events per second accepted from `conns` connections.
-async fn ingest_round(url: &str, n: usize, conns: usize, keys: &[Keys], round: usize) -> f64 {
+/// Events per second accepted from `conns` connections, each keeping
+/// `window` events in flight.
+async fn ingest_round(url: &str, n: usize, conns: usize, window: usize, keys: &[Keys], round: usize) -> f64 {
     let events = presign(
         n,
         keys,
@@ -190,7 +196,7 @@ async fn ingest_round(url: &str, n: usize, conns: usize, keys: &[Keys], round: u
     let start = Instant::now();
     let handles: Vec<_> = parts
         .into_iter()
-        .map(|p| tokio::spawn(pump(url.to_string(), p, INGEST_WINDOW)))
+        .map(|p| tokio::spawn(pump(url.to_string(), p, window)))
         .collect();
     let mut accepted = 0;
     for h in handles {
@@ -218,7 +224,8 @@ fn report(figure: &str, ours: f64, peer: Option<f64>, unit: &str, higher_is_bett
     }
 }
 
-async fn ingest(targets: &[Target], rounds: usize, quick: bool) {
+async fn ingest(targets: &[Target], rounds: usize, quick: bool, window: usize) {
+    assert!(window > 0, "--ingest-window must be positive");
     let keys: Vec<Keys> = (0..64).map(|_| Keys::generate()).collect();
     for conns in [1usize, 16, 256] {
         let n = if quick { 20_000 } else { 100_000 };
@@ -226,7 +233,7 @@ async fn ingest(targets: &[Target], rounds: usize, quick: bool) {
         for t in targets {
             let mut v = Vec::new();
             for r in 0..rounds {
-                v.push(ingest_round(&t.url, n, conns, &keys, r).await);
+                v.push(ingest_round(&t.url, n, conns, window, &keys, r).await);
             }
             results.push(median(v));
         }
@@ -955,7 +962,7 @@ async fn main() {
     }
     let only: Vec<&str> = args.only.split(',').collect();
     if only.contains(&"ingest") {
-        ingest(&targets, rounds, args.quick).await;
+        ingest(&targets, rounds, args.quick, args.ingest_window).await;
     }
     if only.contains(&"fanout") {
         fanout(&targets, rounds, args.quick).await;
