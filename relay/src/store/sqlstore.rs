@@ -597,11 +597,10 @@ async fn insert_plain_run(tx: &mut Tx<'_>, run: &[InsertRequest]) -> Result<Vec<
         Dialect::Sqlite => {
             let mut q = Q::new("SELECT x.pubkey, x.target FROM (VALUES ");
             for (k, r) in run.iter().enumerate() {
-                q.sql.push_str(if k > 0 { ", (" } else { "(" });
-                q = q.arg(d, r.event.pubkey.to_bytes().to_vec());
-                q.sql.push_str(", ");
-                q = q.arg(d, r.event.id.to_hex());
-                q.sql.push(')');
+                d.push_values_row(&mut q.sql, k, 2);
+                q = q
+                    .bind(r.event.pubkey.to_bytes().to_vec())
+                    .bind(r.event.id.to_hex());
             }
             q.sql
                 .push_str(") AS k CROSS JOIN deletions x ON x.community_id = ");
