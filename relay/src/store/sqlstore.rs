@@ -515,7 +515,7 @@ fn community_in_list<B: Into<super::db::Bind>>(
 
 /// An event's `created_at` as stored (a time past `i64::MAX` seconds,
 /// which the relay's limits refuse anyway, saturates).
-fn created_at_of(event: &Event) -> i64 {
+pub(crate) fn created_at_of(event: &Event) -> i64 {
     i64::try_from(event.created_at.as_secs()).unwrap_or(i64::MAX)
 }
 

@@ -14,7 +14,7 @@ use protocol::workflow::{self, Cause, Definition, MessageBinding, Step, Trigger,
 use serde_json::{json, Value};
 
 use super::db::{Pool, Row, Tx, Q};
-use super::sqlstore::insert_event_tx;
+use super::sqlstore::{created_at_of, insert_event_tx};
 use super::{InsertOutcome, StoreError};
 use crate::config::DeliveryConfig;
 use crate::faults;
@@ -593,7 +593,7 @@ pub async fn execute_step(
     // one query for who qualifies, one multi-row insert (a replay inserts
     // nothing new: the rows are unique on run, step and target).
     let message_id_hex = message.id.to_hex();
-    let message_created = i64::try_from(message.created_at.as_secs()).unwrap_or(i64::MAX);
+    let message_created = created_at_of(&message);
     let mut targets: Vec<PublicKey> = Vec::new();
     for p in workflow::tag_values(&message, "p") {
         if let Ok(t) = PublicKey::from_hex(p) {
