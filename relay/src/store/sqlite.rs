@@ -11,6 +11,14 @@
 //! PASSIVE checkpoint every `checkpoint_interval_ms` (it never blocks
 //! readers or the writer); the automatic one stays as a backstop at
 //! `wal_autocheckpoint_pages`, far above what the task leaves behind.
+//! Both are sized for sustained writes: a PASSIVE checkpoint never resets
+//! the WAL while the writer keeps appending, so the WAL grows until the
+//! backstop, and each time the backstop fires the writer copies whatever
+//! the task has not and fsyncs, while every write waits for it. With
+//! a checkpoint each second and a backstop at 20,000 pages the writer did
+//! that several times a second (27% of its time in fsync, the full ingest
+//! benchmark at 8-9k events/s from 16 connections); every 100 ms and at
+//! 100,000 pages, 11-12k.
 
 use std::str::FromStr;
 use std::time::Duration;
