@@ -253,8 +253,8 @@ pub fn select_events(dialect: Dialect, community: &str, f: &Filter, limit: usize
                 "SELECT e.raw, e.created_at, e.id FROM event_tags t JOIN events e \
                  ON e.seq = t.event_seq WHERE t.community_id = "
             }
-            // The tag row's copy of `created_at` (its foreign key keeps it
-            // equal) lets each row be looked up in its own time partition
+            // The tag row's copy of `created_at` (written with the event's,
+            // in its transaction) lets each row be looked up in its own time partition
             // by the primary key, instead of in every partition by id.
             Dialect::Postgres => {
                 "SELECT e.raw, e.created_at, e.id FROM event_tags t JOIN events e \
