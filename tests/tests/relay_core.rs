@@ -1046,13 +1046,9 @@ async fn tag_rows_follow_their_event(backend: Backend) {
     for e in &burst {
         c.send(json!(["EVENT", e])).await;
     }
-    let mut oks = 0;
-    while oks < burst.len() {
-        let v = c.recv().await;
-        if v[0] == "OK" {
-            assert!(v[2] == true, "{v}");
-            oks += 1;
-        }
+    for e in &burst {
+        let (ok, msg) = c.wait_ok(&e.id.to_hex()).await;
+        assert!(ok, "{msg}");
     }
     for e in [&by_id, &keep, &art, &list_v1, &expiring]
         .into_iter()
