@@ -87,6 +87,12 @@ pub fn changes_channel(kind: u16) -> bool {
     matches!(kind, PUT_USER..=LEAVE_REQUEST | GROUP_METADATA..=GROUP_MEMBERS)
 }
 
+/// The key of the lock ([`Tx::lock`]) that serialises every change to one
+/// channel.
+pub(crate) fn lock_key(community: &str, channel: &str) -> String {
+    format!("{community}:channel:{channel}")
+}
+
 /// Loads a channel with its members.
 pub async fn load(tx: &mut Tx<'_>, community: &str, id: &str) -> Result<Option<ChannelView>, StoreError> {
     let row = tx
@@ -235,7 +241,7 @@ pub async fn apply(
         ));
     }
     let channel = channel.to_string();
-    tx.lock(&format!("{community}:channel:{channel}")).await?;
+    tx.lock(&lock_key(community, &channel)).await?;
     let now = tx.now().await?;
     let kind = event.kind.as_u16();
     let author = event.pubkey;

@@ -55,7 +55,8 @@ pub enum Tx<'c> {
 pub struct PgKnown {
     now: Option<i64>,
     /// Keys of [`Tx::lock`] held; bounded by the locks a transaction takes
-    /// (one per author of a batch, at most a batch's worth).
+    /// (a batch's worth: one per author of an event batch, at most three
+    /// per call of a call batch, see `Call::lock_keys`).
     locks: Vec<String>,
 }
 
@@ -442,18 +443,20 @@ impl Tx<'_> {
         Ok(())
     }
 
-    /// [`Tx::lock`] on each of `keys`, in their order (callers sort them,
-    /// so that two transactions never wait on each other in a cycle), in
-    /// one statement: `unnest` returns an array's elements in order.
-    pub async fn lock_all(&mut self, keys: &[String]) -> Result<(), StoreError> {
+    /// [`Tx::lock`] on each of `keys`, in one statement and in one order
+    /// for every caller (sorted; `unnest` returns an array's elements in
+    /// order). Why: a writer's batch holds the locks of many events or calls
+    /// at once, and two batches that took theirs in different orders would
+    /// wait on each other in a cycle; PostgreSQL then fails one of them
+    /// after `deadlock_timeout`. Batches that take all their keys here,
+    /// first, only ever wait for a batch that is ahead of them.
+    pub async fn lock_all(&mut self, mut keys: Vec<String>) -> Result<(), StoreError> {
         let Tx::Postgres(_, known) = self else {
             return Ok(());
         };
-        let fresh: Vec<String> = keys
-            .iter()
-            .filter(|k| !known.locks.contains(k))
-            .cloned()
-            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let fresh: Vec<String> = keys.into_iter().filter(|k| !known.locks.contains(k)).collect();
         if fresh.is_empty() {
             return Ok(());
         }
@@ -477,13 +480,28 @@ impl Tx<'_> {
         }
     }
 
-    /// Forgets the locks recorded: a rollback to a savepoint releases the
-    /// locks taken since, and which those were is not tracked (taking a
-    /// held lock again is harmless).
-    pub fn forget_locks(&mut self) {
-        if let Tx::Postgres(_, known) = self {
-            known.locks.clear();
+    /// How many locks this transaction has recorded: taken before a
+    /// savepoint, it is what [`Tx::forget_locks_since`] keeps.
+    pub fn lock_mark(&self) -> usize {
+        match self {
+            Tx::Postgres(_, known) => known.locks.len(),
+            Tx::Sqlite(_) => 0,
         }
+    }
+
+    /// Forgets the locks recorded after `mark` ([`Tx::lock_mark`]): a
+    /// rollback to a savepoint releases the locks taken since it, and keeps
+    /// those taken before (a batch's up-front locks stay held and known).
+    pub fn forget_locks_since(&mut self, mark: usize) {
+        if let Tx::Postgres(_, known) = self {
+            known.locks.truncate(mark);
+        }
+    }
+
+    /// Whether this transaction holds the [`Tx::lock`] on `key` (always
+    /// `false` on SQLite, which takes none).
+    pub fn holds(&self, key: &str) -> bool {
+        matches!(self, Tx::Postgres(_, known) if known.locks.iter().any(|k| k == key))
     }
 
     /// The database clock, unix seconds. SQLite runs in this process, so

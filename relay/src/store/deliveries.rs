@@ -215,7 +215,8 @@ async fn load_with_membership(
     author_lock: Option<&str>,
 ) -> Result<Option<(Delivery, bool)>, StoreError> {
     let postgres = tx.dialect() == Dialect::Postgres;
-    let author_lock = author_lock.filter(|_| postgres);
+    // Not again when the batch took it up front (`Call::lock_keys`).
+    let author_lock = author_lock.filter(|key| postgres && !tx.holds(key));
     let take = if author_lock.is_some() {
         format!(", {}", super::db::lock_expr(3))
     } else {
@@ -797,6 +798,12 @@ pub async fn sweep(
     keys: &Keys,
     cfg: &DeliveryConfig,
 ) -> Result<Vec<(Event, String)>, StoreError> {
+    // The community key first: every transition below may sign a notice
+    // with it, and a finish batch takes it before the rows it waits for
+    // (`Call::lock_keys`); taken after this sweep's rows, the two could
+    // each hold what the other waits for.
+    tx.lock(&super::sqlstore::author_lock_key(community, &keys.public_key()))
+        .await?;
     let now = tx.now().await?;
     let mut published = Vec::new();
     let batch = i64::from(cfg.sweep_batch);

@@ -24,6 +24,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::api::HttpAuthUse;
 use super::db::{Conn, Dialect, Pool, Tx, Q};
 use super::deliveries::{self, Answer, ClaimRequest, Delivery, FinishRequest, Finished};
+use super::sqlstore::author_lock_key;
 use super::{InsertOutcome, Published, StoreError};
 use crate::config::{ChannelPolicy, DeliveryConfig};
 
@@ -193,6 +194,54 @@ impl Call {
             | Call::Operation { caller, .. }
             | Call::Finish { caller, .. } => Some(caller),
             Call::ChannelEvent { event, .. } => Some(&event.pubkey),
+        }
+    }
+
+    /// The [`Tx::lock`] keys this call takes, known before it runs: its
+    /// batch takes all of them first, in one order (`Tx::lock_all`), so that
+    /// two writers' batches never wait on each other in a cycle. A call may
+    /// still lock something not listed here (a workflow run), but not
+    /// something a concurrent batch takes up front and then waits behind.
+    /// - a channel event: its channel, its author and, for the kinds that
+    ///   make the relay re-sign the channel's metadata, the community key
+    ///   (as the author of those events);
+    /// - a finish: the author of its reply and, unless the outcome is
+    ///   `delivered`, the community key (a failure is announced by a
+    ///   relay-signed notice);
+    /// - the rest lock rows only.
+    fn lock_keys(&self) -> Vec<String> {
+        match self {
+            Call::ChannelEvent {
+                community,
+                keys,
+                event,
+                ..
+            } => {
+                let mut out = vec![author_lock_key(community, &event.pubkey)];
+                if let Some(channel) = super::channels::h_tag(event) {
+                    out.push(super::channels::lock_key(community, channel));
+                }
+                if super::channels::changes_channel(event.kind.as_u16()) {
+                    out.push(author_lock_key(community, &keys.public_key()));
+                }
+                out
+            }
+            Call::Finish {
+                community, keys, req, ..
+            } => {
+                let mut out: Vec<String> = req
+                    .reply
+                    .iter()
+                    .map(|r| author_lock_key(community, &r.pubkey))
+                    .collect();
+                if req.outcome != "delivered" {
+                    out.push(author_lock_key(community, &keys.public_key()));
+                }
+                out
+            }
+            Call::HttpAuth { .. } | Call::Claim { .. } | Call::Renew { .. } | Call::Operation { .. } => {
+                Vec::new()
+            }
         }
     }
 
@@ -477,6 +526,12 @@ async fn run_batch(conn: &mut Conn, origin: &str, batch: &[Job]) -> (Vec<Result<
         Ok(tx) => tx,
         Err(e) => return fail_all(&e),
     };
+    if tx.dialect() == Dialect::Postgres {
+        let keys = batch.iter().flat_map(|j| j.call.lock_keys()).collect();
+        if let Err(e) = tx.lock_all(keys).await {
+            return fail_all(&e);
+        }
+    }
     // The auth records first, outside the calls' savepoints: each stands
     // even if its call is refused (the request was made). A replay writes
     // nothing; an error fails the batch like any other.
@@ -496,6 +551,7 @@ async fn run_batch(conn: &mut Conn, origin: &str, batch: &[Job]) -> (Vec<Result<
         // Savepoints are not released: they nest, at most `call_batch` deep,
         // and the commit keeps every one that was not rolled back.
         let guarded = !job.call.one_write();
+        let mark = tx.lock_mark();
         if guarded {
             if let Err(e) = tx.exec(Q::new("SAVEPOINT call")).await {
                 return fail_all(&e);
@@ -508,7 +564,7 @@ async fn run_batch(conn: &mut Conn, origin: &str, batch: &[Job]) -> (Vec<Result<
                 if let Err(e) = tx.exec(Q::new("ROLLBACK TO SAVEPOINT call")).await {
                     return fail_all(&e);
                 }
-                tx.forget_locks();
+                tx.forget_locks_since(mark);
             }
             // A refusal of a one-write call wrote nothing.
             (Ok(_), false) => {}

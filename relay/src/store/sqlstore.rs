@@ -442,15 +442,14 @@ async fn write_batch(
 ) -> Result<Vec<InsertOutcome>, StoreError> {
     let mut tx = pool.begin().await?;
     if tx.dialect() == Dialect::Postgres {
-        // Take every author lock up front, in one order, so that batches of
-        // several processes never wait on each other in a cycle.
-        let mut keys: Vec<String> = batch
+        // Take every author lock up front, in one order, so that this batch
+        // and the call writers' (of this process or another) never wait on
+        // each other in a cycle.
+        let keys = batch
             .iter()
             .map(|r| author_lock_key(&r.community, &r.event.pubkey))
             .collect();
-        keys.sort();
-        keys.dedup();
-        tx.lock_all(&keys).await?;
+        tx.lock_all(keys).await?;
     }
     let mut outcomes = Vec::with_capacity(batch.len());
     let mut i = 0;
