@@ -385,8 +385,11 @@ impl Default for WorkflowConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PostgresConfig {
-    /// Connections per relay process.
+    /// Connections per relay process, for everything but REQ and COUNT.
     pub pool_size: u32,
+    /// Connections per relay process for REQ and COUNT (with cached plans;
+    /// reads never wait for, nor hold, the connections writes need).
+    pub query_pool_size: u32,
     /// How long a request waits for a connection before answering `error:`.
     pub acquire_timeout_ms: u64,
     /// Server-side limit on any one statement.
@@ -401,6 +404,7 @@ impl Default for PostgresConfig {
     fn default() -> Self {
         Self {
             pool_size: 16,
+            query_pool_size: 8,
             acquire_timeout_ms: 3_000,
             statement_timeout_ms: 10_000,
             partition_months_ahead: 3,
@@ -516,6 +520,9 @@ impl Config {
         }
         if self.postgres.pool_size < 2 {
             return Err("postgres.pool_size must be at least 2".into());
+        }
+        if self.postgres.query_pool_size == 0 {
+            return Err("postgres.query_pool_size must be at least 1".into());
         }
         if self.sqlite.pool_size < 2 {
             return Err("sqlite.pool_size must be at least 2".into());

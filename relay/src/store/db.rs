@@ -20,11 +20,12 @@ pub enum Pool {
     /// sleeps in SQLite's busy handler waiting for another, and its page
     /// cache stays valid from one transaction to the next (a connection's
     /// cache is dropped whenever another connection wrote).
-    Sqlite {
-        read: SqlitePool,
-        write: SqlitePool,
-    },
-    Postgres(PgPool),
+    Sqlite { read: SqlitePool, write: SqlitePool },
+    /// PostgreSQL: `main` for everything but REQ and COUNT, which run on
+    /// `queries` (`postgres.query_pool_size` connections with cached plans:
+    /// `store::postgres::open`), so that a flood of reads never holds the
+    /// connections that writes, claims and finishes need.
+    Postgres { main: PgPool, queries: PgPool },
 }
 
 /// The expression of [`Tx::lock`]'s advisory lock (PostgreSQL) on the key
@@ -548,7 +549,7 @@ impl Pool {
     pub fn dialect(&self) -> Dialect {
         match self {
             Pool::Sqlite { .. } => Dialect::Sqlite,
-            Pool::Postgres(_) => Dialect::Postgres,
+            Pool::Postgres { .. } => Dialect::Postgres,
         }
     }
 
@@ -557,7 +558,7 @@ impl Pool {
     pub async fn acquire_writer(&self) -> Result<Conn, StoreError> {
         Ok(match self {
             Pool::Sqlite { write, .. } => Conn::Sqlite(write.acquire().await?),
-            Pool::Postgres(p) => Conn::Postgres(p.acquire().await?),
+            Pool::Postgres { main, .. } => Conn::Postgres(main.acquire().await?),
         })
     }
 
@@ -567,7 +568,7 @@ impl Pool {
     pub async fn begin(&self) -> Result<Tx<'static>, StoreError> {
         Ok(match self {
             Pool::Sqlite { write, .. } => Tx::Sqlite(write.begin_with("BEGIN IMMEDIATE").await?),
-            Pool::Postgres(p) => Tx::Postgres(p.begin().await?, PgKnown::default()),
+            Pool::Postgres { main, .. } => Tx::Postgres(main.begin().await?, PgKnown::default()),
         })
     }
 
@@ -576,26 +577,39 @@ impl Pool {
     pub async fn read(&self) -> Result<Tx<'static>, StoreError> {
         Ok(match self {
             Pool::Sqlite { read, .. } => Tx::Sqlite(read.begin().await?),
-            Pool::Postgres(p) => Tx::Postgres(p.begin().await?, PgKnown::default()),
+            Pool::Postgres { main, .. } => Tx::Postgres(main.begin().await?, PgKnown::default()),
         })
     }
 
     /// A read: every row of one statement, outside any write transaction.
     pub async fn all(&self, q: Q) -> Result<Vec<Row>, StoreError> {
         match self {
-            Pool::Sqlite { read: p, .. } => {
-                let rows = sqlx::query_with(sqlx::AssertSqlSafe(q.sql), sqlite_args(q.binds)?)
-                    .fetch_all(p)
-                    .await?;
-                rows.iter().map(sqlite_row).collect()
-            }
-            Pool::Postgres(p) => {
-                let rows = sqlx::query_with(sqlx::AssertSqlSafe(q.sql), pg_args(q.binds)?)
-                    .fetch_all(p)
-                    .await?;
-                rows.iter().map(pg_row).collect()
-            }
+            Pool::Sqlite { read, .. } => Self::sqlite_all(read, q).await,
+            Pool::Postgres { main, .. } => Self::pg_all(main, q).await,
         }
+    }
+
+    /// A REQ's or COUNT's statement (built by `sql::select_events` or
+    /// `sql::count_events`): every row, on the query pool on PostgreSQL.
+    pub async fn query_all(&self, q: Q) -> Result<Vec<Row>, StoreError> {
+        match self {
+            Pool::Sqlite { read, .. } => Self::sqlite_all(read, q).await,
+            Pool::Postgres { queries, .. } => Self::pg_all(queries, q).await,
+        }
+    }
+
+    async fn sqlite_all(p: &SqlitePool, q: Q) -> Result<Vec<Row>, StoreError> {
+        let rows = sqlx::query_with(sqlx::AssertSqlSafe(q.sql), sqlite_args(q.binds)?)
+            .fetch_all(p)
+            .await?;
+        rows.iter().map(sqlite_row).collect()
+    }
+
+    async fn pg_all(p: &PgPool, q: Q) -> Result<Vec<Row>, StoreError> {
+        let rows = sqlx::query_with(sqlx::AssertSqlSafe(q.sql), pg_args(q.binds)?)
+            .fetch_all(p)
+            .await?;
+        rows.iter().map(pg_row).collect()
     }
 
     /// A read of at most one row.
@@ -612,7 +626,7 @@ impl Pool {
                     .await?
                     .rows_affected()
             }
-            Pool::Postgres(p) => sqlx::query_with(sqlx::AssertSqlSafe(q.sql), pg_args(q.binds)?)
+            Pool::Postgres { main: p, .. } => sqlx::query_with(sqlx::AssertSqlSafe(q.sql), pg_args(q.binds)?)
                 .execute(p)
                 .await?
                 .rows_affected(),
@@ -625,7 +639,10 @@ impl Pool {
                 read.close().await;
                 write.close().await;
             }
-            Pool::Postgres(p) => p.close().await,
+            Pool::Postgres { main, queries } => {
+                queries.close().await;
+                main.close().await;
+            }
         }
     }
 }

@@ -364,7 +364,7 @@ impl Calls {
         assert!(queue > 0 && (1..=64).contains(&batch), "call writer bounds");
         let writers = match pool {
             Pool::Sqlite { .. } => 1,
-            Pool::Postgres(_) => writers.clamp(1, 64),
+            Pool::Postgres { .. } => writers.clamp(1, 64),
         };
         let mut txs = Vec::with_capacity(writers);
         for i in 0..writers {

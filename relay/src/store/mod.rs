@@ -242,7 +242,8 @@ pub async fn open(cfg: &crate::config::Config) -> Result<std::sync::Arc<dyn Stor
             &cfg.writer,
         )?))
     } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-        let pool = db::Pool::Postgres(postgres::open(url, &cfg.postgres).await?);
+        let (main, queries) = postgres::open(url, &cfg.postgres).await?;
+        let pool = db::Pool::Postgres { main, queries };
         let store = sqlstore::SqlStore::new(pool, ahead, &cfg.writer)?;
         store.maintain(crate::state::unix_now()).await?;
         Ok(std::sync::Arc::new(store))

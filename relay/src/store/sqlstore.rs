@@ -982,7 +982,7 @@ impl Store for SqlStore {
         capacity: usize,
     ) -> Result<Option<mpsc::Receiver<RemoteEvent>>, StoreError> {
         match &self.pool {
-            Pool::Postgres(p) => Ok(Some(
+            Pool::Postgres { main: p, .. } => Ok(Some(
                 super::postgres::listen(p, self.origin.clone(), capacity).await?,
             )),
             Pool::Sqlite { .. } => Ok(None),
@@ -1002,7 +1002,7 @@ impl Store for SqlStore {
         let s = sql::select_events(self.dialect(), community, filter, limit, scope);
         stored(
             self.pool
-                .all(Q {
+                .query_all(Q {
                     sql: s.text,
                     binds: s.binds,
                 })
@@ -1012,14 +1012,15 @@ impl Store for SqlStore {
 
     async fn count(&self, community: &str, filters: &[Filter], scope: &ReadScope) -> Result<u64, StoreError> {
         let s = sql::count_events(self.dialect(), community, filters, scope);
-        let row = self
+        let rows = self
             .pool
-            .one(Q {
+            .query_all(Q {
                 sql: s.text,
                 binds: s.binds,
             })
             .await?;
-        Ok(row
+        Ok(rows
+            .first()
             .map(|r| r.int(0))
             .transpose()?
             .map_or(0, |n| u64::try_from(n).unwrap_or(0)))
@@ -1043,7 +1044,7 @@ impl Store for SqlStore {
     }
 
     async fn maintain(&self, now: u64) -> Result<(), StoreError> {
-        if let Pool::Postgres(p) = &self.pool {
+        if let Pool::Postgres { main: p, .. } = &self.pool {
             super::postgres::ensure_partitions(p, now, self.partition_months_ahead).await?;
         }
         Ok(())

@@ -54,6 +54,11 @@ struct Args {
     /// that many from 16 connections, and runs with 256).
     #[arg(long, default_value_t = INGEST_WINDOW)]
     ingest_window: usize,
+    /// Appends every timed query to this file, one line each: target,
+    /// shape, round, connection, ms since the figure started when sent,
+    /// ms to EOSE (to tell a tail spread over the run from stalls).
+    #[arg(long)]
+    latency_log: Option<std::path::PathBuf>,
 }
 
 type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
@@ -365,7 +370,38 @@ async fn timed_req(ws: &mut Ws, sub: &str, filter: &Value) -> Option<f64> {
     Some(ms)
 }
 
-async fn query(targets: &[Target], rounds: usize, quick: bool) {
+/// After a bulk load, what PostgreSQL's manual advises ("Populating a
+/// Database": run ANALYZE afterwards) and what autovacuum would otherwise
+/// do during the measurement: `VACUUM (ANALYZE)` on the store, then a
+/// checkpoint, so that queries meet the store a relay serves from, not one
+/// still digesting a million inserts. SQLite needs nothing (its planner
+/// reads no statistics; the relay checkpoints its WAL itself).
+fn settle(store: &tests::relay::Store) {
+    if store.backend.name() != "postgres" {
+        return;
+    }
+    let started = Instant::now();
+    if let Err(e) = store.try_sql("VACUUM (ANALYZE)") {
+        eprintln!("VACUUM (ANALYZE) failed: {e}");
+    }
+    let vacuumed = started.elapsed().as_secs_f64();
+    if let Err(e) = store.try_sql("CHECKPOINT") {
+        eprintln!("CHECKPOINT failed: {e}");
+    }
+    eprintln!(
+        "  settled: VACUUM (ANALYZE) {vacuumed:.1} s, CHECKPOINT {:.1} s",
+        started.elapsed().as_secs_f64() - vacuumed
+    );
+}
+
+async fn query(
+    targets: &[Target],
+    ours: &Relay,
+    rounds: usize,
+    quick: bool,
+    latency_log: Option<std::path::PathBuf>,
+) {
+    let epoch = Instant::now();
     let n = if quick { 50_000 } else { 1_000_000 };
     let owner = Keys::generate();
     let mut data = Vec::new();
@@ -373,6 +409,7 @@ async fn query(targets: &[Target], rounds: usize, quick: bool) {
         eprintln!("preloading {} events into {}", n, t.name);
         data.push(preload(&t.url, n, &owner).await);
     }
+    settle(&ours.store);
     let now = Timestamp::now().as_secs();
     let kinds = ["author", "kind", "#p", "#h", "time range"];
     let per_round = if quick { 200 } else { 1000 };
@@ -400,6 +437,7 @@ async fn query(targets: &[Target], rounds: usize, quick: bool) {
                             let mut ws = connect(&url).await;
                             let mut rng = rand::rngs::StdRng::seed_from_u64(c as u64);
                             let mut lat = Vec::new();
+                            let mut stamped = Vec::new();
                             for q in 0..per_round / conns {
                                 let f = match kind {
                                     "author" => {
@@ -413,8 +451,12 @@ async fn query(targets: &[Target], rounds: usize, quick: bool) {
                                         json!({"since": since, "until": since + 600, "limit": 50})
                                     }
                                 };
+                                let sent = epoch.elapsed().as_secs_f64() * 1000.0;
                                 match timed_req(&mut ws, &format!("q{q}"), &f).await {
-                                    Some(ms) => lat.push(ms),
+                                    Some(ms) => {
+                                        lat.push(ms);
+                                        stamped.push((c, sent, ms));
+                                    }
                                     None => {
                                         eprintln!(
                                             "{url}: no EOSE within 30 s for {f}; this connection stops"
@@ -423,13 +465,26 @@ async fn query(targets: &[Target], rounds: usize, quick: bool) {
                                     }
                                 }
                             }
-                            lat
+                            (lat, stamped)
                         })
                     })
                     .collect();
                 let mut lat = Vec::new();
                 for h in hs {
-                    lat.extend(h.await.unwrap());
+                    let (l, stamped) = h.await.unwrap();
+                    lat.extend(l);
+                    if let Some(path) = &latency_log {
+                        use std::io::Write;
+                        let mut out = std::fs::OpenOptions::new()
+                            .create(true)
+                            .append(true)
+                            .open(path)
+                            .expect("latency log");
+                        for (c, sent, ms) in stamped {
+                            writeln!(out, "{} {kind} {round} {c} {sent:.3} {ms:.3}", t.name)
+                                .expect("latency log");
+                        }
+                    }
                 }
                 if round == 0 {
                     continue;
@@ -971,7 +1026,7 @@ async fn main() {
         delivery(&relay, rounds, args.quick, args.delivery_rate).await;
     }
     if only.contains(&"query") {
-        query(&targets, rounds, args.quick).await;
+        query(&targets, &relay, rounds, args.quick, args.latency_log.clone()).await;
     }
     if let Some(path) = &args.relay_log {
         if let Err(e) = std::fs::write(path, relay.log()) {
