@@ -349,11 +349,11 @@ impl Calls {
     /// Why several on PostgreSQL: a writer waits for the server once per
     /// statement, and one writer was measured busy all the time while the
     /// machine was a third idle. Several writers' transactions run side by
-    /// side; each caller's calls go to one writer (`Call::caller`), so the
-    /// only locks two writers can both want are taken by rare calls (a
-    /// deletion cancelling deliveries, the community key's notices), and
-    /// PostgreSQL breaks such a deadlock by failing one batch, whose
-    /// callers are told to try again.
+    /// side; each caller's calls go to one writer (`Call::caller`), so one
+    /// caller's delivery rows are only ever locked by one writer. Locks
+    /// that several writers (and the event writer) do share, on channels,
+    /// authors and the community key, every batch takes first, in one
+    /// order (`Call::lock_keys`), so they queue instead of deadlocking.
     pub(crate) fn start(
         pool: Pool,
         origin: String,
