@@ -87,6 +87,17 @@ pub fn changes_channel(kind: u16) -> bool {
     matches!(kind, PUT_USER..=LEAVE_REQUEST | GROUP_METADATA..=GROUP_MEMBERS)
 }
 
+/// Whether storing an event of `kind` may make the relay sign and store
+/// fresh channel metadata (39000-39002) with the community key: the kinds
+/// whose `apply` arm re-publishes. Batches lock the community key up front
+/// for these (`Call::lock_keys`), and only these.
+pub fn republishes(kind: u16) -> bool {
+    matches!(
+        kind,
+        PUT_USER | REMOVE_USER | EDIT_METADATA | CREATE_GROUP | JOIN_REQUEST | LEAVE_REQUEST
+    )
+}
+
 /// The key of the lock ([`Tx::lock`]) that serialises every change to one
 /// channel.
 pub(crate) fn lock_key(community: &str, channel: &str) -> String {
@@ -403,6 +414,10 @@ pub async fn apply(
 
     let mut published: Published = vec![(event.clone(), raw.to_string())];
     if meta || admins || members {
+        debug_assert!(
+            republishes(kind),
+            "kind {kind} re-publishes: lock_keys must say so"
+        );
         published.extend(republish(tx, community, keys, &channel, now, meta, admins, members).await?);
     }
     Ok((InsertOutcome::Stored, published))

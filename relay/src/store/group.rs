@@ -221,7 +221,7 @@ impl Call {
                 if let Some(channel) = super::channels::h_tag(event) {
                     out.push(super::channels::lock_key(community, channel));
                 }
-                if super::channels::changes_channel(event.kind.as_u16()) {
+                if super::channels::republishes(event.kind.as_u16()) {
                     out.push(author_lock_key(community, &keys.public_key()));
                 }
                 out
