@@ -968,7 +968,7 @@ async fn main() {
             // run at once); a server holding a relay's million events is
             // given more, as any would be (PostgreSQL's manual suggests a
             // quarter of the memory): with 64 MB the `#p` query's scattered
-            // rows missed the buffers, p99 7-10 ms against 4.9 with 1 GB.
+            // rows missed the buffers, p99 7.9-15.8 ms against 4.9-5.2 with 1 GB.
             // TESTS_PG_SETTINGS still overrides it.
             let mut settings = vec!["shared_buffers=1GB".to_string()];
             if args.pg_stats.is_some() {
