@@ -28,13 +28,6 @@ pub enum Pool {
     Postgres { main: PgPool, queries: PgPool },
 }
 
-/// The expression of [`Tx::lock`]'s advisory lock (PostgreSQL) on the key
-/// bound as placeholder `n`: another statement may take the lock in its
-/// select list, saving a round trip, and then call [`Tx::locked`].
-pub fn lock_expr(n: usize) -> String {
-    lock_of(&format!("${n}"))
-}
-
 /// The advisory lock on the key that the SQL expression `key` gives (the
 /// one place that says how a key becomes a lock). Its value is an empty
 /// text (the function returns `void`, which rows cannot decode).
@@ -437,7 +430,7 @@ impl Tx<'_> {
             if known.locks.iter().any(|k| k == key) {
                 return Ok(());
             }
-            self.exec(Q::new(format!("SELECT {}", lock_expr(1))).bind(key))
+            self.exec(Q::new(format!("SELECT {}", lock_of("$1"))).bind(key))
                 .await?;
             self.locked(key);
         }
@@ -472,8 +465,8 @@ impl Tx<'_> {
     }
 
     /// Records that a statement of this transaction took [`Tx::lock`]'s
-    /// lock on `key` (with [`lock_expr`] in its select list).
-    pub fn locked(&mut self, key: &str) {
+    /// lock on `key`.
+    fn locked(&mut self, key: &str) {
         if let Tx::Postgres(_, known) = self {
             if !known.locks.iter().any(|k| k == key) {
                 known.locks.push(key.to_string());
@@ -497,12 +490,6 @@ impl Tx<'_> {
         if let Tx::Postgres(_, known) = self {
             known.locks.truncate(mark);
         }
-    }
-
-    /// Whether this transaction holds the [`Tx::lock`] on `key` (always
-    /// `false` on SQLite, which takes none).
-    pub fn holds(&self, key: &str) -> bool {
-        matches!(self, Tx::Postgres(_, known) if known.locks.iter().any(|k| k == key))
     }
 
     /// The database clock, unix seconds. SQLite runs in this process, so

@@ -199,47 +199,32 @@ impl Delivery {
 }
 
 async fn load(tx: &mut Tx<'_>, community: &str, id: &str) -> Result<Option<Delivery>, StoreError> {
-    Ok(load_with_membership(tx, community, id, None)
-        .await?
-        .map(|(d, _)| d))
+    Ok(load_with_membership(tx, community, id).await?.map(|(d, _)| d))
 }
 
 /// A row (locked on PostgreSQL) and whether its target is a member of its
-/// channel, in one statement: a finish needs both. On PostgreSQL the same
-/// statement takes the author lock `author_lock` (a finish's reply is
-/// stored under it next) when the row exists.
+/// channel, in one statement: a finish needs both. (A finish's reply is
+/// stored under its author's lock, which its call batch took up front:
+/// `Call::lock_keys`.)
 async fn load_with_membership(
     tx: &mut Tx<'_>,
     community: &str,
     id: &str,
-    author_lock: Option<&str>,
 ) -> Result<Option<(Delivery, bool)>, StoreError> {
-    let postgres = tx.dialect() == Dialect::Postgres;
-    // Not again when the batch took it up front (`Call::lock_keys`).
-    let author_lock = author_lock.filter(|key| postgres && !tx.holds(key));
-    let take = if author_lock.is_some() {
-        format!(", {}", super::db::lock_expr(3))
+    let row_lock = if tx.dialect() == Dialect::Postgres {
+        " FOR UPDATE"
     } else {
-        String::new()
+        ""
     };
-    let row_lock = if postgres { " FOR UPDATE" } else { "" };
-    let mut q = Q::new(format!(
+    let q = Q::new(format!(
         "SELECT {COLS}, EXISTS (SELECT 1 FROM channel_members m WHERE m.community_id = d.community_id \
-         AND m.channel_id = d.channel AND m.pubkey = d.target_pubkey){take} \
+         AND m.channel_id = d.channel AND m.pubkey = d.target_pubkey) \
          FROM workflow_agent_deliveries d WHERE d.community_id = $1 AND d.id = $2{row_lock}"
     ))
     .bind(community)
     .bind(id);
-    if let Some(key) = author_lock {
-        q = q.bind(key);
-    }
     match tx.one(q).await? {
-        Some(row) => {
-            if let Some(key) = author_lock {
-                tx.locked(key);
-            }
-            Ok(Some((delivery(&row)?, row.bool(COLS_N)?)))
-        }
+        Some(row) => Ok(Some((delivery(&row)?, row.bool(COLS_N)?))),
         None => Ok(None),
     }
 }
@@ -676,11 +661,7 @@ pub async fn finish(
         )));
     }
     let now = tx.now().await?;
-    let author_lock = req
-        .reply
-        .as_ref()
-        .map(|r| super::sqlstore::author_lock_key(community, &r.pubkey));
-    let Some((d, member)) = load_with_membership(tx, community, id, author_lock.as_deref()).await? else {
+    let Some((d, member)) = load_with_membership(tx, community, id).await? else {
         return Ok(Err(Refusal::new(
             404,
             "not_found",

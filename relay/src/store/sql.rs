@@ -120,6 +120,12 @@ impl Sql {
         self
     }
 
+    /// Whether the next filter's plan-deciding values are written into the
+    /// text: on PostgreSQL, when its plan depends on them.
+    fn plan_values_for(&mut self, f: &Filter) {
+        self.inline_plan_values = self.dialect == Dialect::Postgres && plan_depends_on_values(f);
+    }
+
     /// `(v1,v2,...)`, each value written by `each`.
     fn list(&mut self, items: impl IntoIterator<Item = Bind>, mut each: impl FnMut(&mut Self, Bind)) {
         self.push("(");
@@ -305,7 +311,7 @@ pub fn plan_depends_on_values(f: &Filter) -> bool {
 /// `SELECT raw, created_at, id` for one filter, newest first, ties by lowest id.
 pub fn select_events(dialect: Dialect, community: &str, f: &Filter, limit: usize, scope: &ReadScope) -> Sql {
     let mut sql = Sql::new(dialect);
-    sql.inline_plan_values = dialect == Dialect::Postgres && plan_depends_on_values(f);
+    sql.plan_values_for(f);
     // A filter on one value of one tag (`#p: [me]`, `#h: [channel]`) is
     // served newest-first straight from the tag index, which is ordered by
     // (value, created_at, id): the top `limit` rows without a sort.
@@ -371,10 +377,9 @@ pub fn count_events(dialect: Dialect, community: &str, filters: &[Filter], scope
         }
         sql.push("SELECT e.id FROM events e WHERE e.community_id = ");
         sql.bind(Bind::Text(community.to_string()));
-        sql.inline_plan_values = dialect == Dialect::Postgres && plan_depends_on_values(f);
+        sql.plan_values_for(f);
         push_filter(&mut sql, community, f, scope, None);
     }
-    sql.inline_plan_values = false;
     sql.push(") AS matched");
     sql
 }
