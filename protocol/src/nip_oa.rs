@@ -30,6 +30,8 @@ pub enum OaError {
     MalformedConditions(String),
     #[error("signature is not valid")]
     BadSignature,
+    #[error("the conditions do not allow this event (kind {kind}, created_at {created_at})")]
+    ConditionsUnmet { kind: u16, created_at: u64 },
 }
 
 impl OaError {
@@ -42,6 +44,7 @@ impl OaError {
             OaError::SelfOwned => "self_owned",
             OaError::MalformedConditions(_) => "malformed_conditions",
             OaError::BadSignature => "bad_signature",
+            OaError::ConditionsUnmet { .. } => "conditions_unmet",
         }
     }
 }
@@ -183,7 +186,10 @@ pub fn verify(
 }
 
 /// The attestation of an event, if it carries one: `Ok(None)` without an
-/// `auth` tag, `Err` when it carries an invalid one (or several).
+/// `auth` tag, `Err` when it carries an invalid one (or several), including
+/// one whose conditions the carrying event itself does not meet (its kind
+/// or `created_at`): an attestation for kind 1 does not register an agent
+/// with a kind 0.
 pub fn from_event(event: &Event) -> Result<Option<Attestation>, OaError> {
     let mut tags = event.tags.iter().filter(|t| t.kind() == TAG);
     let Some(tag) = tags.next() else { return Ok(None) };
@@ -194,7 +200,12 @@ pub fn from_event(event: &Event) -> Result<Option<Attestation>, OaError> {
     if s.len() != 4 {
         return Err(OaError::MalformedTag);
     }
-    verify(&event.pubkey, &s[1], &s[2], &s[3]).map(Some)
+    let att = verify(&event.pubkey, &s[1], &s[2], &s[3])?;
+    let (kind, created_at) = (event.kind.as_u16(), event.created_at.as_secs());
+    if !att.conditions.allows(kind, created_at) {
+        return Err(OaError::ConditionsUnmet { kind, created_at });
+    }
+    Ok(Some(att))
 }
 
 #[cfg(test)]
@@ -215,8 +226,8 @@ mod tests {
         let agent = Keys::generate();
         for cond in [
             "",
-            "kind=9",
-            "kind=9&kind=1&created_at<2000000000&created_at>1700000000",
+            "kind=0",
+            "kind=9&kind=0&created_at<4000000000&created_at>1700000000",
         ] {
             let tag = sign(&owner, &agent.public_key(), cond).unwrap();
             let att = from_event(&kind0(&agent, vec![tag])).unwrap().unwrap();
@@ -224,6 +235,26 @@ mod tests {
             assert_eq!(att.conditions_raw, cond);
         }
         assert_eq!(from_event(&kind0(&agent, vec![])).unwrap(), None);
+    }
+
+    #[test]
+    fn the_carrying_event_must_meet_the_conditions() {
+        let owner = Keys::generate();
+        let agent = Keys::generate();
+        for cond in [
+            "kind=1",
+            "kind=9&kind=1",
+            "created_at<1000",
+            "created_at>4000000000",
+        ] {
+            let tag = sign(&owner, &agent.public_key(), cond).unwrap();
+            let err = from_event(&kind0(&agent, vec![tag])).unwrap_err();
+            assert!(
+                matches!(err, OaError::ConditionsUnmet { kind: 0, .. }),
+                "{cond}: {err:?}"
+            );
+            assert_eq!(err.code(), "conditions_unmet");
+        }
     }
 
     #[test]

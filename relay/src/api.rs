@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -66,7 +66,11 @@ fn body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Refusal> {
 }
 
 /// Per (community, pubkey) rate limit.
-fn limited(state: &AppState, tenant: &Tenant, caller: &nostr::prelude::PublicKey) -> Option<Response> {
+pub(crate) fn limited(
+    state: &AppState,
+    tenant: &Tenant,
+    caller: &nostr::prelude::PublicKey,
+) -> Option<Response> {
     let key = format!("{}:{}", tenant.community.id, caller.to_hex());
     (!state.api_limits.try_take(&key)).then(|| {
         error(
@@ -166,6 +170,16 @@ async fn finish(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth
         Err(r) => return refused(r),
     };
     if let Some(reply) = &req.reply {
+        // The same admission as a client's EVENT: a reply is stored and
+        // served like any other event.
+        let rules = crate::admission::Rules {
+            limits: &state.cfg.limits,
+            community_key: auth.tenant.community.pubkey(),
+            now: crate::state::unix_now(),
+        };
+        if let Err(refusal) = crate::admission::check(reply, reply.as_json().len(), &rules) {
+            return error(StatusCode::BAD_REQUEST, "bad_reply", refusal.to_string());
+        }
         if let Err(e) = crate::verify::verify_now(reply) {
             return error(StatusCode::BAD_REQUEST, "bad_reply", e.message());
         }
@@ -340,29 +354,34 @@ async fn list_runs(
 /// `POST /hooks/<id>` with `Authorization: Bearer <secret>`; the JSON body
 /// is private trigger data. An `Idempotency-Key` header names the request
 /// (the same key never starts a second run); without one, each call is new.
+///
+/// The secret is checked first (in constant time), before anything is
+/// charged to the workflow: a flood with a wrong secret used to empty the
+/// workflow's bucket and got the real caller 429 on every try. Failures
+/// are limited per caller address instead, so a flood locks out only its
+/// own address.
 async fn webhook(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
+    ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
     tenant: Tenant,
     headers: HeaderMap,
-    bytes: axum::body::Bytes,
+    body_stream: axum::body::Body,
 ) -> Response {
-    if bytes.len() > state.cfg.workflows.max_webhook_body_bytes {
-        return error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
-            "webhook body too large",
-        );
-    }
     let community = tenant.community.id.clone();
-    let key = format!("{community}:hook:{id}");
-    if !state.api_limits.try_take(&key) {
+    let failures_key = format!("{community}:hook-failures:{}", peer.ip().to_canonical());
+    if !state.webhook_failures.has_tokens(&failures_key) {
         return error(
             StatusCode::TOO_MANY_REQUESTS,
             "rate_limited",
-            "too many requests; slow down",
+            "too many failed webhook calls from this address; slow down",
         );
     }
+    let bytes =
+        match crate::http::read_body(&state, body_stream, state.cfg.workflows.max_webhook_body_bytes).await {
+            Ok(b) => b,
+            Err(r) => return r,
+        };
     let secret = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -372,22 +391,27 @@ async fn webhook(
         Ok(t) => t,
         Err(e) => return unavailable(&e),
     };
-    let Some((Some(hash), _, _)) = &target else {
-        // Unknown workflow and "no secret set" look the same to a caller without one.
+    // Unknown workflow and "no secret set" look the same as a wrong secret.
+    let stored = match &target {
+        Some((Some(hash), _, _)) => hash.as_str(),
+        _ => "",
+    };
+    let given = secret
+        .map(|s| hex::encode(Sha256::digest(s.as_bytes())))
+        .unwrap_or_default();
+    if stored.is_empty() || !constant_time_eq(given.as_bytes(), stored.as_bytes()) {
+        state.webhook_failures.try_take(&failures_key);
         return error(
             StatusCode::UNAUTHORIZED,
             "bad_secret",
             "missing or wrong webhook secret",
         );
-    };
-    let given = secret
-        .map(|s| hex::encode(Sha256::digest(s.as_bytes())))
-        .unwrap_or_default();
-    if !constant_time_eq(given.as_bytes(), hash.as_bytes()) {
+    }
+    if !state.api_limits.try_take(&format!("{community}:hook:{id}")) {
         return error(
-            StatusCode::UNAUTHORIZED,
-            "bad_secret",
-            "missing or wrong webhook secret",
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            "too many requests; slow down",
         );
     }
     let data: Value = match body(&bytes) {

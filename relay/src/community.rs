@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use nostr::prelude::{Keys, SecretKey};
+use nostr::prelude::{Keys, PublicKey, SecretKey};
 
 use crate::store::{CommunityRecord, Store, StoreError};
 
@@ -19,17 +19,26 @@ pub struct Community {
     pub relay_url: String,
     /// The community's own signing key.
     pub keys: Keys,
+    /// Its public half (NIP-11 `self`), computed once.
+    public_key: PublicKey,
 }
 
 impl Community {
     fn from_record(r: &CommunityRecord) -> Result<Self, StoreError> {
         let sk = SecretKey::from_hex(&r.secret_key_hex)
             .map_err(|e| StoreError::Corrupt(format!("community {} key: {e}", r.id)))?;
+        let keys = Keys::new(sk);
         Ok(Self {
             id: r.id.clone(),
             relay_url: r.relay_url.clone(),
-            keys: Keys::new(sk),
+            public_key: keys.public_key(),
+            keys,
         })
+    }
+
+    /// The community's public key: the author of everything the relay signs.
+    pub fn pubkey(&self) -> &PublicKey {
+        &self.public_key
     }
 
     /// `true` when the configured URL is `wss://` (so HTTP calls are `https://`).

@@ -14,8 +14,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
-    /// Address the HTTP/WebSocket server listens on.
-    pub listen: SocketAddr,
+    /// Addresses the HTTP/WebSocket server listens on (`host:port`, IPv6
+    /// as `[::1]:7777`): one, or a list.
+    pub listen: Listen,
     /// `sqlite://path` (embedded, default) or `postgres://…`.
     pub database_url: String,
     /// Log filter in `RUST_LOG` syntax.
@@ -55,12 +56,12 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Self {
-            listen: SocketAddr::from(([127, 0, 0, 1], 7777)),
+            listen: Listen::default(),
             database_url: "sqlite://relay.db".into(),
             log: "info".into(),
             name: "nostr relay with durable agent delivery".into(),
             description: "Multi-community Nostr relay with workflows and managed-agent delivery.".into(),
-            p_gated_kinds: vec![protocol::kinds::WAKE_HINT],
+            p_gated_kinds: vec![protocol::kinds::WAKE_HINT, protocol::kinds::GIFT_WRAP],
             default_community: DefaultCommunity::default(),
             limits: Limits::default(),
             channels: ChannelPolicy::default(),
@@ -96,7 +97,7 @@ impl Default for DefaultCommunity {
         Self {
             enabled: true,
             id: "default".into(),
-            hosts: vec!["localhost".into(), "127.0.0.1".into()],
+            hosts: vec!["localhost".into(), "127.0.0.1".into(), "[::1]".into()],
             relay_url: "ws://127.0.0.1:7777".into(),
         }
     }
@@ -200,7 +201,37 @@ pub struct Limits {
     /// Events buffered per community for live fan-out; a connection that
     /// falls this far behind is disconnected (it could not be served in order).
     pub fanout_buffer_events: usize,
+    /// Bytes of stored events one REQ sends at most, over all its filters;
+    /// past it the REQ ends with EOSE, as if its `limit` had been reached.
+    pub max_req_bytes: usize,
+    /// Bytes queued for all connections together (relay-wide). Past it,
+    /// stored results wait for room, and a connection that is behind
+    /// (more than [`KEEPING_UP_BYTES`] queued) is disconnected rather than
+    /// given more. A live event queued for many connections counts once.
+    pub max_outbound_bytes_total: usize,
+    /// Open TCP connections (HTTP and WebSocket) from one IP address; past
+    /// it a connection is answered 429 and closed.
+    pub max_connections_per_ip: u32,
+    /// Addresses the per-IP cap does not apply to (by default loopback:
+    /// a reverse proxy on the same machine brings every client from there).
+    pub connection_cap_exempt: Vec<std::net::IpAddr>,
+    /// How long a connection may take to send a complete request head,
+    /// the first one or the next one on a kept-alive connection (so also
+    /// the idle time before a WebSocket upgrade).
+    pub header_read_timeout_ms: u64,
+    /// How long an HTTP request body may take to arrive.
+    pub body_read_timeout_ms: u64,
+    /// Failed webhook calls (wrong or missing secret) per second from one
+    /// IP address, sustained; beyond, that address gets 429 before its
+    /// secret is looked at. Other callers are not affected.
+    pub webhook_failures_per_second: u32,
+    /// Burst of failed webhook calls from one address above the rate.
+    pub webhook_failures_burst: u32,
 }
+
+/// A connection with less than this queued is keeping up with its
+/// stream: the relay-wide output budget never disconnects it.
+pub const KEEPING_UP_BYTES: usize = 64 * 1024;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -224,6 +255,17 @@ impl Default for Limits {
             ws_read_buffer_bytes: 16 * 1024,
             api_requests_per_second: 50,
             api_burst: 200,
+            max_req_bytes: 16 * 1024 * 1024,
+            max_outbound_bytes_total: 256 * 1024 * 1024,
+            max_connections_per_ip: 256,
+            connection_cap_exempt: vec![
+                std::net::Ipv4Addr::LOCALHOST.into(),
+                std::net::Ipv6Addr::LOCALHOST.into(),
+            ],
+            header_read_timeout_ms: 10_000,
+            body_read_timeout_ms: 30_000,
+            webhook_failures_per_second: 1,
+            webhook_failures_burst: 20,
         }
     }
 }
@@ -413,11 +455,89 @@ impl Default for PostgresConfig {
     }
 }
 
+/// The listen addresses: at least one, each `host:port`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listen(pub Vec<SocketAddr>);
+
+impl Default for Listen {
+    /// Loopback on IPv4 and IPv6 (`localhost` resolves to either).
+    fn default() -> Self {
+        Self(vec![
+            SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, 7777)),
+            SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, 7777)),
+        ])
+    }
+}
+
+impl Listen {
+    /// Whether these are the built-in addresses (an address of them that
+    /// this machine lacks, such as IPv6 loopback, is skipped with a warning;
+    /// a configured one that cannot be bound is an error).
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// Parses one listen address, saying what is expected when it is not
+/// `host:port` (clap's "invalid socket address syntax" named neither).
+pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    let s = s.trim();
+    s.parse::<SocketAddr>().map_err(|_| {
+        if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+            format!("listen address {s:?} has no host: use host:port, e.g. 127.0.0.1:{s}, 0.0.0.0:{s} or [::]:{s}")
+        } else {
+            format!("listen address {s:?} is not host:port (a numeric address and a port, IPv6 in brackets: [::1]:7777)")
+        }
+    })
+}
+
+/// Comma-separated `host:port` addresses (the form of a flag or an
+/// environment variable).
+pub fn parse_listen_list(s: &str) -> Result<Vec<SocketAddr>, String> {
+    s.split(',')
+        .filter(|a| !a.trim().is_empty())
+        .map(parse_listen)
+        .collect()
+}
+
+impl Serialize for Listen {
+    fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        let all: Vec<String> = self.0.iter().map(SocketAddr::to_string).collect();
+        all.serialize(ser)
+    }
+}
+
+impl<'de> Deserialize<'de> for Listen {
+    /// `"127.0.0.1:7777"`, `"127.0.0.1:7777,[::1]:7777"` or a list of them.
+    fn deserialize<D: serde::Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Form {
+            One(String),
+            Many(Vec<String>),
+        }
+        let texts = match Form::deserialize(de)? {
+            Form::One(s) => vec![s],
+            Form::Many(v) => v,
+        };
+        let mut out = Vec::new();
+        for t in &texts {
+            out.extend(parse_listen_list(t).map_err(serde::de::Error::custom)?);
+        }
+        if out.is_empty() {
+            return Err(serde::de::Error::custom(
+                "listen needs at least one host:port address",
+            ));
+        }
+        Ok(Listen(out))
+    }
+}
+
 /// Values given on the command line; `None` means "not given".
 #[derive(Debug, Default, Serialize)]
 pub struct Overrides {
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub listen: Option<SocketAddr>,
+    pub listen: Option<Listen>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub database_url: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -433,7 +553,12 @@ impl Config {
             fig = fig.merge(Toml::file_exact(path));
         }
         fig = fig
-            .merge(Env::prefixed("RELAY_").split("__").ignore(&["config", "faults"]))
+            .merge(
+                Env::prefixed("RELAY_")
+                    .filter(|key| !injected_by_orchestrator(key.as_str()))
+                    .split("__")
+                    .ignore(&["config", "faults"]),
+            )
             .merge(Serialized::defaults(overrides));
         let cfg: Config = fig.extract().map_err(Box::new)?;
         cfg.validate().map_err(|m| Box::new(figment::Error::from(m)))?;
@@ -470,6 +595,16 @@ impl Config {
             ("fanout_buffer_events", l.fanout_buffer_events),
             ("max_http_body_bytes", l.max_http_body_bytes),
             ("ws_read_buffer_bytes", l.ws_read_buffer_bytes),
+            ("max_req_bytes", l.max_req_bytes),
+            ("max_outbound_bytes_total", l.max_outbound_bytes_total),
+            ("max_connections_per_ip", l.max_connections_per_ip as usize),
+            ("header_read_timeout_ms", l.header_read_timeout_ms as usize),
+            ("body_read_timeout_ms", l.body_read_timeout_ms as usize),
+            (
+                "webhook_failures_per_second",
+                l.webhook_failures_per_second as usize,
+            ),
+            ("webhook_failures_burst", l.webhook_failures_burst as usize),
         ] {
             if v == 0 {
                 return Err(format!("limits.{name} must be greater than 0"));
@@ -531,9 +666,71 @@ impl Config {
     }
 }
 
+/// Whether a `RELAY_…` variable (`key`: the name after `RELAY_`) is one
+/// that container orchestrators inject for a service whose name starts
+/// with `relay`, rather than configuration. Kubernetes service links (and
+/// Docker links) put `<SERVICE>_PORT=tcp://…`, `<SERVICE>_PORT_<n>_<PROTO>`
+/// (`_ADDR`, `_PORT`, `_PROTO`), `<SERVICE>_SERVICE_HOST` and
+/// `<SERVICE>_SERVICE_PORT[_<NAME>]` into every pod; a Service named
+/// `relay` or `relay-db` made the relay refuse to start (`unknown field:
+/// found port`). No configuration key has a `port` or `service` part, so
+/// these are told apart by name, and every other `RELAY_…` variable must
+/// still be a real key (a typo is an error).
+pub fn injected_by_orchestrator(key: &str) -> bool {
+    if key.contains("__") {
+        return false; // a nested key: always configuration
+    }
+    let parts: Vec<String> = key.split('_').map(|p| p.to_ascii_uppercase()).collect();
+    let at = |i: usize| parts.get(i).map(String::as_str);
+    let numeric = |i: usize| at(i).is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+    parts.last().is_some_and(|p| p == "PORT")
+        || (0..parts.len()).any(|i| {
+            (at(i) == Some("SERVICE") && matches!(at(i + 1), Some("HOST" | "PORT")))
+                || (at(i) == Some("PORT") && numeric(i + 1))
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::Config;
+
+    #[test]
+    fn orchestrator_variables_are_not_configuration() {
+        use super::injected_by_orchestrator as injected;
+        for k in [
+            "PORT",
+            "PORT_7777_TCP",
+            "PORT_7777_TCP_ADDR",
+            "PORT_7777_TCP_PROTO",
+            "SERVICE_HOST",
+            "SERVICE_PORT",
+            "SERVICE_PORT_WS",
+            "DB_SERVICE_HOST",
+            "DB_PORT",
+            "DB_PORT_5432_TCP_PORT",
+        ] {
+            assert!(injected(k), "{k}");
+        }
+        for k in [
+            "LISTEN",
+            "LOG",
+            "DATABASE_URL",
+            "LIMITS__MAX_LIMIT",
+            "LISTN",
+            "P_GATED_KINDS",
+        ] {
+            assert!(!injected(k), "{k}");
+        }
+    }
+
+    #[test]
+    fn listen_addresses_parse_with_useful_errors() {
+        use super::{parse_listen, parse_listen_list};
+        assert_eq!(parse_listen_list("127.0.0.1:1,[::1]:2").unwrap().len(), 2);
+        assert!(parse_listen("7778").unwrap_err().contains("host:port"));
+        assert!(parse_listen("localhost").unwrap_err().contains("host:port"));
+        assert_eq!(parse_listen("[::]:7777").unwrap().port(), 7777);
+    }
 
     #[test]
     fn defaults_validate() {

@@ -107,14 +107,7 @@ async fn nip98(
 ) -> Result<(Tenant, nostr::prelude::Event, axum::body::Bytes), Response> {
     let (mut parts, body) = req.into_parts();
     let tenant = Tenant::from_request_parts(&mut parts, state).await?;
-    let limit = state.cfg.limits.max_http_body_bytes;
-    let body = axum::body::to_bytes(body, limit).await.map_err(|_| {
-        error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
-            format!("request body exceeds {limit} bytes"),
-        )
-    })?;
+    let body = read_body(state, body, state.cfg.limits.max_http_body_bytes).await?;
     let scheme = if tenant.community.is_secure() {
         "https"
     } else {
@@ -136,6 +129,33 @@ async fn nip98(
     let event = protocol::nip98::verify(header, &req)
         .map_err(|e| error(StatusCode::UNAUTHORIZED, e.code(), e.to_string()))?;
     Ok((tenant, event, body))
+}
+
+/// Reads a request body of at most `limit` bytes within
+/// `limits.body_read_timeout_ms` (413 and 408 otherwise, as JSON): a body
+/// sent a byte at a time must not hold the request open.
+pub async fn read_body(
+    state: &AppState,
+    body: axum::body::Body,
+    limit: usize,
+) -> Result<axum::body::Bytes, Response> {
+    let timeout = std::time::Duration::from_millis(state.cfg.limits.body_read_timeout_ms);
+    match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(_)) => Err(error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("request body exceeds {limit} bytes"),
+        )),
+        Err(_) => Err(error(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_timeout",
+            format!(
+                "the request body did not arrive within {} ms",
+                timeout.as_millis()
+            ),
+        )),
+    }
 }
 
 /// How long an auth event is remembered: past the window in which it could
@@ -200,6 +220,9 @@ impl axum::extract::FromRequest<Arc<AppState>> for AuthedCall {
 
 /// `GET /me`: who the caller is in this community (NIP-98).
 async fn me(State(state): State<Arc<AppState>>, auth: Authed) -> Response {
+    if let Some(r) = crate::api::limited(&state, &auth.tenant, &auth.pubkey) {
+        return r;
+    }
     let community = &auth.tenant.community.id;
     let owner = state.store.agent_owner(community, &auth.pubkey).await;
     let channels = state.store.channels_of(community, &auth.pubkey).await;

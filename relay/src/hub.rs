@@ -13,6 +13,8 @@ use std::sync::{Arc, Mutex};
 use nostr::prelude::Event;
 use tokio::sync::broadcast;
 
+use crate::outbound::Budget;
+
 /// One event on its way to live subscribers.
 #[derive(Debug)]
 pub struct Published {
@@ -21,8 +23,19 @@ pub struct Published {
     /// already saw them).
     pub seq: u64,
     pub event: Arc<Event>,
-    /// The event's JSON, serialised once for every subscriber.
+    /// The event's JSON, serialised once for every subscriber, and queued
+    /// by reference to each subscriber's socket.
     pub raw: Arc<str>,
+    /// The relay-wide output budget, charged `raw.len()` for as long as
+    /// this lives (in the hub or any connection's queue): once, however
+    /// many subscribers it goes to.
+    budget: Arc<Budget>,
+}
+
+impl Drop for Published {
+    fn drop(&mut self) {
+        self.budget.release(self.raw.len());
+    }
 }
 
 /// The fan-out hub.
@@ -30,15 +43,17 @@ pub struct Hub {
     channels: Mutex<HashMap<String, broadcast::Sender<Arc<Published>>>>,
     seq: AtomicU64,
     capacity: usize,
+    budget: Arc<Budget>,
 }
 
 impl Hub {
-    pub fn new(capacity: usize) -> Self {
+    pub fn new(capacity: usize, budget: Arc<Budget>) -> Self {
         assert!(capacity > 0, "fan-out capacity must be positive");
         Self {
             channels: Mutex::new(HashMap::new()),
             seq: AtomicU64::new(0),
             capacity,
+            budget,
         }
     }
 
@@ -68,7 +83,14 @@ impl Hub {
             .entry(community.to_string())
             .or_insert_with(|| broadcast::channel(self.capacity).0);
         let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
+        self.budget.charge(raw.len());
+        let budget = self.budget.clone();
         // No receivers is not an error: nobody is listening.
-        let _ = sender.send(Arc::new(Published { seq, event, raw }));
+        let _ = sender.send(Arc::new(Published {
+            seq,
+            event,
+            raw,
+            budget,
+        }));
     }
 }

@@ -2,6 +2,7 @@
 //!
 //! See `docs/ARCHITECTURE.md` for the map of modules and their invariants.
 
+pub mod admission;
 pub mod api;
 pub mod community;
 pub mod engine;
@@ -12,8 +13,10 @@ pub mod faults;
 
 pub mod http;
 pub mod hub;
+pub mod listen;
 pub mod outbound;
 pub mod ratelimit;
+pub mod req;
 pub mod server;
 pub mod state;
 pub mod store;

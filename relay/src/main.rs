@@ -13,9 +13,10 @@ struct Cli {
     /// TOML configuration file.
     #[arg(long, env = "RELAY_CONFIG", global = true)]
     config: Option<PathBuf>,
-    /// Listen address (overrides `listen`).
-    #[arg(long, global = true)]
-    listen: Option<SocketAddr>,
+    /// Listen address, `host:port` (IPv6 as `[::1]:7777`); repeat it, or
+    /// separate addresses with commas, for several (overrides `listen`).
+    #[arg(long, global = true, value_parser = checked_listen)]
+    listen: Vec<String>,
     /// Database URL, `sqlite://path` or `postgres://…` (overrides `database_url`).
     #[arg(long, global = true)]
     database_url: Option<String>,
@@ -103,10 +104,22 @@ enum CommunityCommand {
     List,
 }
 
+/// `--listen` checked as it is parsed (so clap reports a bad address).
+fn checked_listen(s: &str) -> Result<String, String> {
+    relay::config::parse_listen_list(s).map(|_| s.to_string())
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let overrides = Overrides {
-        listen: cli.listen,
+        listen: {
+            let all: Vec<SocketAddr> = cli
+                .listen
+                .iter()
+                .flat_map(|l| relay::config::parse_listen_list(l).unwrap_or_default())
+                .collect();
+            (!all.is_empty()).then_some(relay::config::Listen(all))
+        },
         database_url: cli.database_url,
         log: cli.log,
     };
@@ -128,8 +141,19 @@ fn main() -> anyhow::Result<()> {
     })
 }
 
+/// Opens the store a command other than `serve` reads: it must exist (only
+/// `serve` creates one), and the command says on stderr which it is.
+async fn open_existing(cfg: &Config) -> anyhow::Result<std::sync::Arc<dyn relay::store::Store>> {
+    let shown = relay::store::postgres::redacted(&cfg.database_url);
+    let store = relay::store::open(cfg, relay::store::OpenMode::Existing)
+        .await
+        .with_context(|| format!("opening the database {shown}"))?;
+    eprintln!("relay: database {shown}");
+    Ok(store)
+}
+
 async fn community(cfg: Config, command: CommunityCommand) -> anyhow::Result<()> {
-    let store = relay::store::open(&cfg).await.context("opening the database")?;
+    let store = open_existing(&cfg).await?;
     let result = match command {
         CommunityCommand::Add { id, hosts, url } => {
             let record = relay::community::new_record(&id, &url, &hosts).map_err(anyhow::Error::msg)?;
@@ -163,7 +187,7 @@ async fn community(cfg: Config, command: CommunityCommand) -> anyhow::Result<()>
 }
 
 async fn deliveries(cfg: Config, community: &str, command: DeliveriesCommand) -> anyhow::Result<()> {
-    let store = relay::store::open(&cfg).await.context("opening the database")?;
+    let store = open_existing(&cfg).await?;
     let result = async {
         match command {
             DeliveriesCommand::List { status, target, limit } => {
@@ -193,7 +217,7 @@ async fn deliveries(cfg: Config, community: &str, command: DeliveriesCommand) ->
 }
 
 async fn runs(cfg: Config, community: &str, command: RunsCommand) -> anyhow::Result<()> {
-    let store = relay::store::open(&cfg).await.context("opening the database")?;
+    let store = open_existing(&cfg).await?;
     let result = async {
         match command {
             RunsCommand::List { workflow, limit } => {

@@ -27,10 +27,20 @@ impl TokenBucket {
         self.try_take_at(Instant::now())
     }
 
-    fn try_take_at(&mut self, now: Instant) -> bool {
+    /// Whether a token is available, without taking it.
+    pub fn has_token(&mut self) -> bool {
+        self.refill(Instant::now());
+        self.tokens >= 1.0
+    }
+
+    fn refill(&mut self, now: Instant) {
         let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
         self.last = now;
         self.tokens = (self.tokens + elapsed * self.rate_per_sec).min(self.burst);
+    }
+
+    fn try_take_at(&mut self, now: Instant) -> bool {
+        self.refill(now);
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
             true
@@ -40,7 +50,8 @@ impl TokenBucket {
     }
 }
 
-/// Token buckets by key (for the HTTP API: community and pubkey), bounded:
+/// Token buckets by key (for the HTTP API: community and pubkey; failed
+/// webhook calls: community and address), bounded:
 /// past `MAX_KEYS` keys the table is cleared (everyone gets a fresh burst,
 /// memory stays bounded).
 pub struct KeyedLimiter {
@@ -62,13 +73,23 @@ impl KeyedLimiter {
 
     /// Takes one token for `key`.
     pub fn try_take(&self, key: &str) -> bool {
+        self.with(key, TokenBucket::try_take)
+    }
+
+    /// Whether `key` has a token, without taking it (for limits charged
+    /// only when a request fails).
+    pub fn has_tokens(&self, key: &str) -> bool {
+        self.with(key, TokenBucket::has_token)
+    }
+
+    fn with(&self, key: &str, f: impl FnOnce(&mut TokenBucket) -> bool) -> bool {
         let mut map = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
         if map.len() >= MAX_KEYS && !map.contains_key(key) {
             map.clear();
         }
-        map.entry(key.to_string())
-            .or_insert_with(|| TokenBucket::new(self.rate_per_sec, self.burst))
-            .try_take()
+        f(map
+            .entry(key.to_string())
+            .or_insert_with(|| TokenBucket::new(self.rate_per_sec, self.burst)))
     }
 }
 

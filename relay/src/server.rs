@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::serve::ListenerExt as _;
 
 use crate::config::Config;
 use crate::state::{unix_now, AppState};
@@ -33,26 +32,19 @@ pub async fn ensure_default_community(cfg: &Config, store: &dyn store::Store) ->
 /// Runs the relay until SIGTERM/SIGINT.
 pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     let (store, remote) = start_store(&cfg).await?;
-    let listener = tokio::net::TcpListener::bind(cfg.listen)
-        .await
-        .with_context(|| format!("binding {}", cfg.listen))?;
-    let local = listener.local_addr()?;
-    // Nostr traffic is many small frames (EVENT ... EOSE, OK): with Nagle's
-    // algorithm each small frame after another waits for the peer's delayed
-    // ACK (up to 40 ms), which dominated query and OK latency.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-        }
-    });
+    let listeners = bind_all(&cfg.listen).await?;
+    let local: Vec<SocketAddr> = listeners.iter().filter_map(|l| l.local_addr().ok()).collect();
 
     let grace = Duration::from_millis(cfg.shutdown_grace_ms);
     let sweep_every = Duration::from_secs(cfg.expiry_sweep_interval_secs.max(1));
     let state = Arc::new(AppState::new(cfg, store.clone()));
 
-    // One machine-readable line on stdout: tests and scripts read the port from it.
-    println!("relay listening on {local} backend={}", store.backend());
-    tracing::info!(%local, backend = store.backend(), "relay listening");
+    // One machine-readable line on stdout: tests and scripts read the
+    // first address from it (its fourth word).
+    let first = local[0];
+    let also: String = local[1..].iter().map(|a| format!(" also={a}")).collect();
+    println!("relay listening on {first} backend={}{also}", store.backend());
+    tracing::info!(?local, backend = store.backend(), "relay listening");
 
     spawn_signal_handler(state.clone());
     let mut background = vec![
@@ -68,12 +60,14 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
         background.push(tokio::spawn(forward_remote(state.clone(), remote)).abort_handle());
     }
 
-    let app = crate::http::router(state.clone());
-    let shutdown = state.shutdown.clone();
-    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
-        .context("serving")?;
+    let l = &state.cfg.limits;
+    let serving = crate::listen::Serving {
+        app: crate::http::router(state.clone()),
+        cap: crate::listen::PeerCap::new(l.max_connections_per_ip, &l.connection_cap_exempt),
+        header_read_timeout: Duration::from_millis(l.header_read_timeout_ms),
+        shutdown: state.shutdown.clone(),
+    };
+    crate::listen::serve(listeners, serving).await;
 
     state.tracker.close();
     if tokio::time::timeout(grace, state.tracker.wait()).await.is_err() {
@@ -85,6 +79,39 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     store.close().await;
     tracing::info!("relay stopped");
     Ok(())
+}
+
+/// Binds every listen address. Of the built-in ones, an address this
+/// machine does not have (IPv6 loopback in a container without IPv6) is
+/// skipped with a warning; any other failure, and any failure of an
+/// address the operator configured, is an error naming the address.
+async fn bind_all(listen: &crate::config::Listen) -> anyhow::Result<Vec<tokio::net::TcpListener>> {
+    let mut out = Vec::with_capacity(listen.0.len());
+    for addr in &listen.0 {
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => out.push(l),
+            Err(e)
+                if listen.is_default()
+                    && addr.is_ipv6()
+                    && matches!(
+                        e.raw_os_error(),
+                        Some(libc_codes::EADDRNOTAVAIL | libc_codes::EAFNOSUPPORT)
+                    ) =>
+            {
+                tracing::warn!(%addr, error = %e, "not listening on this address: the machine lacks it");
+            }
+            Err(e) => return Err(anyhow::Error::new(e).context(format!("binding {addr}"))),
+        }
+    }
+    anyhow::ensure!(!out.is_empty(), "no listen address could be bound");
+    Ok(out)
+}
+
+/// The two errno values `bind_all` tolerates (Linux values; `libc` is an
+/// optional dependency of the test-only fault hooks).
+mod libc_codes {
+    pub const EAFNOSUPPORT: i32 = 97;
+    pub const EADDRNOTAVAIL: i32 = 99;
 }
 
 fn spawn_signal_handler(state: Arc<AppState>) {
@@ -151,7 +178,7 @@ async fn start_store(
     let mut delay = Duration::from_millis(100);
     loop {
         let attempt = async {
-            let store = store::open(cfg).await?;
+            let store = store::open(cfg, store::OpenMode::Create).await?;
             ensure_default_community(cfg, store.as_ref()).await?;
             let remote = store.subscribe_remote(cfg.limits.fanout_buffer_events).await?;
             Ok::<_, anyhow::Error>((store, remote))

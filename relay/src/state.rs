@@ -32,23 +32,33 @@ pub struct AppState {
     pub kick: crate::engine::Kick,
     /// HTTP API rate limits by (community, pubkey).
     pub api_limits: crate::ratelimit::KeyedLimiter,
+    /// Failed webhook calls by (community, caller address).
+    pub webhook_failures: crate::ratelimit::KeyedLimiter,
+    /// Bytes queued for every connection's socket together.
+    pub output: Arc<crate::outbound::Budget>,
 }
 
 impl AppState {
     pub fn new(cfg: Config, store: Arc<dyn Store>) -> Self {
         let capacity = cfg.limits.fanout_buffer_events;
         let (api_rate, api_burst) = (cfg.limits.api_requests_per_second, cfg.limits.api_burst);
+        let l = &cfg.limits;
+        let webhook_failures =
+            crate::ratelimit::KeyedLimiter::new(l.webhook_failures_per_second, l.webhook_failures_burst);
+        let output = crate::outbound::Budget::new(l.max_outbound_bytes_total);
 
         Self {
             cfg: Arc::new(cfg),
             communities: Communities::new(store.clone()),
             store,
-            hub: Hub::new(capacity),
+            hub: Hub::new(capacity, output.clone()),
             shutdown: CancellationToken::new(),
             tracker: TaskTracker::new(),
             channels: ChannelCache::new(CHANNEL_CACHE_ENTRIES),
             kick: crate::engine::Kick::default(),
             api_limits: crate::ratelimit::KeyedLimiter::new(api_rate, api_burst),
+            webhook_failures,
+            output,
         }
     }
 

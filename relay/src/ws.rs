@@ -6,7 +6,7 @@
 //! broadcast channel and are matched here; the socket is written by a
 //! separate task (see [`crate::outbound`]).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,18 +21,18 @@ use serde_json::json;
 use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::RecvError;
 
+use crate::admission;
 use crate::community::Community;
 use crate::hub::Published;
 use crate::outbound::{self, Outbound, Overflow};
 use crate::ratelimit::TokenBucket;
+use crate::req::{Stopped, STORED_RESULTS_DEADLINE};
 use crate::state::{unix_now, AppState};
 use crate::store::channels;
-use crate::store::{InsertOutcome, ReadScope, StoredEvent};
+use crate::store::{InsertOutcome, ReadScope};
 use crate::verify;
 use protocol::nip_oa;
 
-/// How long stored results may wait for a slow reader before it is dropped.
-const STORED_RESULTS_DEADLINE: Duration = Duration::from_secs(10);
 /// WebSocket close code for a message above the hard size cap.
 const CLOSE_TOO_BIG: u16 = 1009;
 /// WebSocket close code sent on shutdown.
@@ -93,7 +93,7 @@ pub async fn run(socket: WebSocket, state: Arc<AppState>, community: Arc<Communi
     let max_inflight = limits.max_inflight_events;
     assert!(max_inflight > 0, "validated at load");
     let (sink, mut stream) = socket.split();
-    let (out, writer) = outbound::spawn(sink, limits.max_outbound_bytes);
+    let (out, writer) = outbound::spawn(sink, limits.max_outbound_bytes, state.output.clone());
     let mut conn = Conn {
         bucket: TokenBucket::new(limits.events_per_second, limits.events_burst),
         challenge: hex::encode(rand::random::<[u8; 16]>()),
@@ -239,46 +239,13 @@ impl Conn {
         Ok(())
     }
 
-    /// Shape checks that need no signature: sizes, counts, time bounds.
-    fn check_shape(&self, event: &Event, raw_len: usize) -> Result<(), String> {
-        let l = self.limits();
-        if raw_len > l.max_event_bytes {
-            return Err(format!(
-                "invalid: event of {raw_len} bytes exceeds max_event_bytes {}",
-                l.max_event_bytes
-            ));
+    /// The admission rules for this connection's community, now.
+    fn rules(&self) -> admission::Rules<'_> {
+        admission::Rules {
+            limits: self.limits(),
+            community_key: self.community.pubkey(),
+            now: unix_now(),
         }
-        if event.tags.len() > l.max_tags_per_event {
-            return Err(format!(
-                "invalid: {} tags exceed max_tags_per_event {}",
-                event.tags.len(),
-                l.max_tags_per_event
-            ));
-        }
-        if let Some(v) = event
-            .tags
-            .iter()
-            .flat_map(|t| t.as_slice())
-            .find(|v| v.len() > l.max_tag_value_bytes)
-        {
-            return Err(format!(
-                "invalid: a tag value of {} bytes exceeds max_tag_value_bytes {}",
-                v.len(),
-                l.max_tag_value_bytes
-            ));
-        }
-        let now = unix_now();
-        let created = event.created_at.as_secs();
-        if created > now.saturating_add(l.max_future_secs) {
-            return Err(format!(
-                "invalid: created_at is more than {} seconds in the future",
-                l.max_future_secs
-            ));
-        }
-        if i64::try_from(created).is_err() {
-            return Err("invalid: created_at out of range".into());
-        }
-        Ok(())
     }
 
     /// An EVENT: cheap checks now, then verification (off the executor,
@@ -294,8 +261,8 @@ impl Conn {
             return Ok(self.ok(&id, false, &msg)?);
         }
         let raw: Arc<str> = Arc::from(event.as_json());
-        if let Err(msg) = self.check_shape(&event, raw.len()) {
-            return Ok(self.ok(&id, false, &msg)?);
+        if let Err(refusal) = admission::check(&event, raw.len(), &self.rules()) {
+            return Ok(self.ok(&id, false, &refusal.to_string())?);
         }
         self.verifying.push_back(Box::pin(async move {
             let r = verify::verify(event.clone()).await;
@@ -337,12 +304,6 @@ impl Conn {
         let id = event.id.to_hex();
         if let Err(e) = verified {
             return Ok(self.ok(&id, false, e.message())?);
-        }
-        if event.is_expired_at(Timestamp::from_secs(unix_now())) {
-            return Ok(self.ok(&id, false, "invalid: event has expired (NIP-40)")?);
-        }
-        if event.kind.as_u16() == kinds::CLIENT_AUTH {
-            return Ok(self.ok(&id, false, "invalid: kind 22242 is sent with AUTH, not EVENT")?);
         }
         if event.is_protected() {
             match self.authed {
@@ -582,30 +543,17 @@ impl Conn {
         }
         let seq_floor = self.state.hub.current_seq();
         let scope = self.scope();
-        let max_limit = self.limits().max_limit;
-        let mut seen: HashSet<[u8; 32]> = HashSet::new();
-        let mut results: Vec<StoredEvent> = Vec::new();
-        for f in &filters {
-            let limit = f.limit.unwrap_or(max_limit).min(max_limit);
-            if limit == 0 {
-                continue;
+        let community = self.community.id.clone();
+        let sent =
+            crate::req::send_stored(&self.state, &community, &self.out, &sub_id, &filters, &scope).await;
+        match sent {
+            Ok(()) => {}
+            Err(Stopped::Overflow) => return Err(Stop::Overflow),
+            Err(Stopped::Store(e)) => {
+                tracing::error!(community = %community, error = %e, "query failed");
+                self.subs.remove(&sub_id);
+                return Ok(self.closed(&sub_id, "error: the query failed; try again")?);
             }
-            match self.state.store.query(&self.community.id, f, limit, &scope).await {
-                Ok(rows) => results.extend(rows.into_iter().filter(|r| seen.insert(r.id))),
-                Err(e) => {
-                    tracing::error!(community = %self.community.id, error = %e, "query failed");
-                    self.subs.remove(&sub_id);
-                    return Ok(self.closed(&sub_id, "error: the query failed; try again")?);
-                }
-            }
-        }
-        if filters.len() > 1 {
-            results.sort_by(|a, b| b.created_at.cmp(&a.created_at).then_with(|| a.id.cmp(&b.id)));
-        }
-        let prefix = format!("[\"EVENT\",{},", json!(sub_id));
-        for r in results {
-            let msg = format!("{prefix}{}]", r.raw);
-            self.out.text_wait(msg, STORED_RESULTS_DEADLINE).await?;
         }
         self.out
             .text_wait(json!(["EOSE", sub_id]).to_string(), STORED_RESULTS_DEADLINE)
@@ -662,7 +610,7 @@ impl Conn {
         Ok(self.ok(&id, true, "")?)
     }
 
-    async fn on_live(&mut self, p: &Published) -> Result<(), Stop> {
+    async fn on_live(&mut self, p: &Arc<Published>) -> Result<(), Stop> {
         if self.subs.is_empty() {
             return Ok(());
         }
@@ -709,8 +657,9 @@ impl Conn {
             }
         }
         for sub_id in matching {
+            // The event's JSON is shared with every other subscriber's queue.
             self.out
-                .text(format!("[\"EVENT\",{},{}]", json!(sub_id), p.raw))?;
+                .live(format!("[\"EVENT\",{},", json!(sub_id)), p.clone())?;
         }
         Ok(())
     }

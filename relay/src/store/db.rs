@@ -110,6 +110,17 @@ impl Row {
         }
     }
 
+    /// The text of column `i`, moved out of the row (for the large ones).
+    pub fn take_text(&mut self, i: usize) -> Result<String, StoreError> {
+        match self.0.get_mut(i) {
+            Some(Val::Text(v)) => Ok(std::mem::take(v)),
+            Some(other) => Err(StoreError::Corrupt(format!(
+                "column {i}: expected text, got {other:?}"
+            ))),
+            None => Err(StoreError::Corrupt(format!("missing column {i}"))),
+        }
+    }
+
     pub fn text(&self, i: usize) -> Result<String, StoreError> {
         self.opt_text(i)?
             .ok_or_else(|| StoreError::Corrupt(format!("column {i} is null")))
@@ -148,6 +159,34 @@ impl Row {
         <[u8; 32]>::try_from(self.blob(i)?.as_slice())
             .map_err(|_| StoreError::Corrupt(format!("column {i} is not 32 bytes")))
     }
+}
+
+/// Takes a page from a row stream (see [`Pool::query_page`]).
+async fn take_page<R>(
+    mut stream: impl futures_util::Stream<Item = Result<R, sqlx::Error>> + Unpin,
+    convert: fn(&R) -> Result<Row, StoreError>,
+    rows: usize,
+    max_bytes: usize,
+) -> Result<(Vec<Row>, bool), StoreError> {
+    use futures_util::TryStreamExt;
+    let mut out = Vec::new();
+    let mut bytes = 0usize;
+    while out.len() < rows {
+        let Some(r) = stream.try_next().await? else {
+            return Ok((out, true));
+        };
+        let row = convert(&r)?;
+        let len = match row.0.first() {
+            Some(Val::Text(t)) => t.len(),
+            _ => 0,
+        };
+        if !out.is_empty() && bytes + len > max_bytes {
+            break;
+        }
+        bytes += len;
+        out.push(row);
+    }
+    Ok((out, false))
 }
 
 /// A statement and its binds.
@@ -582,6 +621,31 @@ impl Pool {
         match self {
             Pool::Sqlite { read, .. } => Self::sqlite_all(read, q).await,
             Pool::Postgres { queries, .. } => Self::pg_all(queries, q).await,
+        }
+    }
+
+    /// A REQ page: rows of `q` (whose first column is the event's JSON) in
+    /// order, at most `rows`, and only while their JSON fits in `max_bytes`
+    /// (at least one row, whatever its size). The rows are read as a
+    /// stream and the statement is dropped when the page is full, so a
+    /// page never holds more than that in memory, whatever the statement's
+    /// `LIMIT`.
+    /// Also says whether the statement had no more rows.
+    pub async fn query_page(
+        &self,
+        q: Q,
+        rows: usize,
+        max_bytes: usize,
+    ) -> Result<(Vec<Row>, bool), StoreError> {
+        match self {
+            Pool::Sqlite { read, .. } => {
+                let stream = sqlx::query_with(sqlx::AssertSqlSafe(q.sql), sqlite_args(q.binds)?).fetch(read);
+                take_page(stream, sqlite_row, rows, max_bytes).await
+            }
+            Pool::Postgres { queries, .. } => {
+                let stream = sqlx::query_with(sqlx::AssertSqlSafe(q.sql), pg_args(q.binds)?).fetch(queries);
+                take_page(stream, pg_row, rows, max_bytes).await
+            }
         }
     }
 

@@ -76,6 +76,29 @@ pub struct StoredEvent {
     pub raw: String,
 }
 
+/// Which part of one filter's stored events a REQ reads next.
+#[derive(Debug, Clone)]
+pub struct Page {
+    /// The filter's (clamped) `limit`: the statement's `LIMIT`, the same
+    /// on every page, so that a filter's pages share two statements.
+    pub limit: usize,
+    /// Rows wanted now, at most (what is left of `limit`).
+    pub rows: usize,
+    /// Only events after this one in REQ order; `None` for the first page.
+    pub after: Option<sql::After>,
+    /// Bytes of event JSON the page may hold (at least one event is
+    /// returned, whatever its size).
+    pub max_bytes: usize,
+}
+
+/// A page read.
+#[derive(Debug)]
+pub struct PageRows {
+    pub events: Vec<StoredEvent>,
+    /// No event follows these (the page did not stop for its bounds).
+    pub end: bool,
+}
+
 /// An event accepted by another relay process on the same database.
 #[derive(Debug, Clone)]
 pub struct RemoteEvent {
@@ -102,6 +125,19 @@ pub enum StoreError {
     /// A writer thread could not be started.
     #[error("starting a store writer: {0}")]
     Start(String),
+    /// The store is not there (and may not be created by this command),
+    /// or cannot be created where the URL points; the text names it.
+    #[error("{0}")]
+    Missing(String),
+}
+
+/// Whether opening a store may create it. Only `relay serve` creates one;
+/// the other commands read an existing store, and a command run in the
+/// wrong directory must say so rather than create an empty one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenMode {
+    Create,
+    Existing,
 }
 
 pub use api::WorkflowStore;
@@ -184,14 +220,15 @@ pub trait Store: WorkflowStore + Send + Sync + 'static {
         expires_at: i64,
     ) -> Result<bool, StoreError>;
 
-    /// Events matching one filter, newest first (ties by lowest id), at most `limit`.
-    async fn query(
+    /// A page of the events matching one filter, newest first (ties by
+    /// lowest id): see [`Page`].
+    async fn query_page(
         &self,
         community: &str,
         filter: &Filter,
-        limit: usize,
+        page: &Page,
         scope: &ReadScope,
-    ) -> Result<Vec<StoredEvent>, StoreError>;
+    ) -> Result<PageRows, StoreError>;
 
     /// Number of distinct events matching any of the filters (NIP-45).
     async fn count(&self, community: &str, filters: &[Filter], scope: &ReadScope) -> Result<u64, StoreError>;
@@ -226,11 +263,14 @@ pub trait Store: WorkflowStore + Send + Sync + 'static {
 }
 
 /// Opens the backend the URL names and runs its migrations.
-pub async fn open(cfg: &crate::config::Config) -> Result<std::sync::Arc<dyn Store>, StoreError> {
+pub async fn open(
+    cfg: &crate::config::Config,
+    mode: OpenMode,
+) -> Result<std::sync::Arc<dyn Store>, StoreError> {
     let url = cfg.database_url.as_str();
     let ahead = cfg.postgres.partition_months_ahead;
     if url.starts_with("sqlite:") {
-        let (read, write) = sqlite::open(url, &cfg.sqlite).await?;
+        let (read, write) = sqlite::open(url, &cfg.sqlite, mode).await?;
         tokio::spawn(sqlite::checkpointer(
             read.clone(),
             std::time::Duration::from_millis(cfg.sqlite.checkpoint_interval_ms),
@@ -242,7 +282,7 @@ pub async fn open(cfg: &crate::config::Config) -> Result<std::sync::Arc<dyn Stor
             &cfg.writer,
         )?))
     } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-        let (main, queries) = postgres::open(url, &cfg.postgres).await?;
+        let (main, queries) = postgres::open(url, &cfg.postgres, mode).await?;
         let pool = db::Pool::Postgres { main, queries };
         let store = sqlstore::SqlStore::new(pool, ahead, &cfg.writer)?;
         store.maintain(crate::state::unix_now()).await?;

@@ -16,7 +16,7 @@ use sqlx::Connection;
 use tokio::sync::mpsc;
 
 use super::db::{Tx, Q};
-use super::{RemoteEvent, StoreError};
+use super::{OpenMode, RemoteEvent, StoreError};
 use crate::config::PostgresConfig;
 
 /// NOTIFY channel for live events.
@@ -39,7 +39,7 @@ const SCHEMA_LOCK_KEY: i64 = 0x7265_6c61_7970_6172; // "relaypar"
 /// planned again, 0.15-0.37 ms of CPU of a query's 0.5-0.9 ms in the
 /// database on 1M events. The statements sent there are built so that a
 /// cached plan is a good one (`sql::plan_depends_on_values`).
-pub async fn open(url: &str, cfg: &PostgresConfig) -> Result<(PgPool, PgPool), StoreError> {
+pub async fn open(url: &str, cfg: &PostgresConfig, mode: OpenMode) -> Result<(PgPool, PgPool), StoreError> {
     let opts = PgConnectOptions::from_str(url)?
         .options([("statement_timeout", format!("{}ms", cfg.statement_timeout_ms))])
         .application_name("relay");
@@ -50,6 +50,17 @@ pub async fn open(url: &str, cfg: &PostgresConfig) -> Result<(PgPool, PgPool), S
         .connect_with(opts.options([("plan_cache_mode", "force_generic_plan")]))
         .await?;
     let mut conn = pool.acquire().await?;
+    if mode == OpenMode::Existing {
+        let schema: bool = sqlx::query_scalar("SELECT to_regclass('communities') IS NOT NULL")
+            .fetch_one(&mut *conn)
+            .await?;
+        if !schema {
+            return Err(StoreError::Missing(format!(
+                "database {} has no relay tables: `relay serve` creates them",
+                redacted(url)
+            )));
+        }
+    }
     sqlx::query("SELECT pg_advisory_lock($1)")
         .bind(SCHEMA_LOCK_KEY)
         .execute(&mut *conn)
@@ -61,6 +72,17 @@ pub async fn open(url: &str, cfg: &PostgresConfig) -> Result<(PgPool, PgPool), S
         .await?;
     migrated?;
     Ok((pool, queries))
+}
+
+/// A database URL without its password, to name it in messages.
+pub fn redacted(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        _ => url.to_string(),
+    }
 }
 
 fn pool_options(size: u32, cfg: &PostgresConfig) -> PgPoolOptions {

@@ -309,7 +309,34 @@ pub fn plan_depends_on_values(f: &Filter) -> bool {
 }
 
 /// `SELECT raw, created_at, id` for one filter, newest first, ties by lowest id.
-pub fn select_events(dialect: Dialect, community: &str, f: &Filter, limit: usize, scope: &ReadScope) -> Sql {
+/// Where a REQ's later page starts: just after the event with this
+/// `(created_at, id)` in REQ order (newest first, ties by lowest id).
+pub type After = (i64, [u8; 32]);
+
+/// Appends "after `after` in REQ order" on the columns `at` and `id`:
+/// `at <= c AND (at < c OR id > x)`, whose first half is a plain bound an
+/// index on `at` can start from.
+fn push_after(sql: &mut Sql, after: Option<After>, at: &str, id: &str) {
+    let Some((created, last)) = after else { return };
+    sql.push(&format!(" AND {at} <= "));
+    sql.bind(Bind::Int(created));
+    sql.push(&format!(" AND ({at} < "));
+    sql.bind(Bind::Int(created));
+    sql.push(&format!(" OR {id} > "));
+    sql.bind(Bind::Blob(last.to_vec()));
+    sql.push(")");
+}
+
+/// One filter's events, newest first (ties by lowest id), at most `limit`,
+/// from just after `after` when it is given (a REQ's later pages).
+pub fn select_events(
+    dialect: Dialect,
+    community: &str,
+    f: &Filter,
+    limit: usize,
+    after: Option<After>,
+    scope: &ReadScope,
+) -> Sql {
     let mut sql = Sql::new(dialect);
     sql.plan_values_for(f);
     // A filter on one value of one tag (`#p: [me]`, `#h: [channel]`) is
@@ -349,11 +376,13 @@ pub fn select_events(dialect: Dialect, community: &str, f: &Filter, limit: usize
         sql.bind(Bind::Text(community.to_string()));
         // The other conditions (this tag's own one is the join's).
         push_filter(&mut sql, community, f, scope, Some(letter));
+        push_after(&mut sql, after, "t.event_created_at", "t.event_id");
         sql.push(" ORDER BY t.event_created_at DESC, t.event_id ASC LIMIT ");
     } else {
         sql.push("SELECT e.raw, e.created_at, e.id FROM events e WHERE e.community_id = ");
         sql.bind(Bind::Text(community.to_string()));
         push_filter(&mut sql, community, f, scope, None);
+        push_after(&mut sql, after, "e.created_at", "e.id");
         sql.push(" ORDER BY e.created_at DESC, e.id ASC LIMIT ");
     }
     // The limit is written into the statement, not bound: PostgreSQL plans
@@ -415,7 +444,7 @@ mod tests {
                 .kinds([Kind::from_u16(1), Kind::from_u16(7)]),
         ] {
             assert!(!plan_depends_on_values(&f), "{f:?}");
-            let s = select_events(Dialect::Postgres, "c", &f, 50, &scope());
+            let s = select_events(Dialect::Postgres, "c", &f, 50, None, &scope());
             assert!(
                 !s.text.contains("::bytea"),
                 "values bound, not written: {}",
@@ -434,16 +463,16 @@ mod tests {
         for f in [&two_kinds, &author_and_kind, &tag_and_kind] {
             assert!(plan_depends_on_values(f), "{f:?}");
         }
-        let s = select_events(Dialect::Postgres, "c", &two_kinds, 50, &scope());
+        let s = select_events(Dialect::Postgres, "c", &two_kinds, 50, None, &scope());
         assert!(s.text.contains("e.kind IN (30023,30024)"), "{}", s.text);
-        let s = select_events(Dialect::Postgres, "c", &author_and_kind, 50, &scope());
+        let s = select_events(Dialect::Postgres, "c", &author_and_kind, 50, None, &scope());
         let author = format!("e.pubkey IN ('\\x{}'::bytea)", pk.to_hex());
         assert!(
             s.text.contains(&author) && s.text.contains("e.kind IN (0)"),
             "{}",
             s.text
         );
-        let s = select_events(Dialect::Postgres, "c", &tag_and_kind, 50, &scope());
+        let s = select_events(Dialect::Postgres, "c", &tag_and_kind, 50, None, &scope());
         let hash = format!(
             "t.value_hash = '\\x{}'::bytea",
             hex::encode(value_hash(&pk.to_hex()))
@@ -454,7 +483,7 @@ mod tests {
             .binds
             .iter()
             .any(|b| matches!(b, Bind::Text(v) if *v == pk.to_hex())));
-        let s = select_events(Dialect::Sqlite, "c", &author_and_kind, 50, &scope());
+        let s = select_events(Dialect::Sqlite, "c", &author_and_kind, 50, None, &scope());
         assert!(
             !s.text.contains("::bytea") && !s.text.contains("IN (0)"),
             "{}",

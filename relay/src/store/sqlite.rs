@@ -20,6 +20,7 @@
 //! benchmark at 8-9k events/s from 16 connections); every 100 ms and at
 //! 100,000 pages, 11-12k.
 
+use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -27,18 +28,25 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-use super::StoreError;
+use super::{OpenMode, StoreError};
 use crate::config::SqliteConfig;
 
-/// Opens (creating if missing) the database file and migrates it; returns
-/// the readers' pool and the one-connection writer's pool.
-pub async fn open(url: &str, cfg: &SqliteConfig) -> Result<(SqlitePool, SqlitePool), StoreError> {
+/// Opens (with [`OpenMode::Create`], creating if missing) the database
+/// file and migrates it; returns the readers' pool and the one-connection
+/// writer's pool.
+pub async fn open(
+    url: &str,
+    cfg: &SqliteConfig,
+    mode: OpenMode,
+) -> Result<(SqlitePool, SqlitePool), StoreError> {
     let synchronous = match cfg.synchronous.as_str() {
         "full" => SqliteSynchronous::Full,
         _ => SqliteSynchronous::Normal,
     };
-    let opts = SqliteConnectOptions::from_str(url)?
-        .create_if_missing(true)
+    let opts = SqliteConnectOptions::from_str(url)?;
+    check_path(opts.get_filename(), mode)?;
+    let opts = opts
+        .create_if_missing(mode == OpenMode::Create)
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(synchronous)
         .busy_timeout(Duration::from_millis(cfg.busy_timeout_ms))
@@ -66,6 +74,31 @@ pub async fn open(url: &str, cfg: &SqliteConfig) -> Result<(SqlitePool, SqlitePo
         .connect_with(opts.pragma("query_only", "true"))
         .await?;
     Ok((read, write))
+}
+
+/// Fails at once, naming the file, where SQLite would fail later or
+/// vaguely: a database to read that is not there, or one to create in a
+/// directory that is not there (sqlx's "unable to open database file",
+/// retried for the whole start-up wait, named neither).
+fn check_path(path: &Path, mode: OpenMode) -> Result<(), StoreError> {
+    if path == Path::new(":memory:") {
+        return Ok(());
+    }
+    let shown = path.display();
+    match mode {
+        OpenMode::Existing if !path.is_file() => Err(StoreError::Missing(format!(
+            "no relay database at {shown}: `relay serve` creates it; run this command where the relay \
+             runs, or name the database with --database-url"
+        ))),
+        OpenMode::Create => match path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            Some(dir) if !dir.is_dir() => Err(StoreError::Missing(format!(
+                "cannot create the SQLite database {shown}: directory {} does not exist",
+                dir.display()
+            ))),
+            _ => Ok(()),
+        },
+        OpenMode::Existing => Ok(()),
+    }
 }
 
 /// Runs a PASSIVE checkpoint every `every`, forever (the caller aborts it

@@ -17,7 +17,7 @@ use super::db::{Pool, Tx, Q};
 use super::sql::{self, value_hash, Bind, Dialect};
 use super::{
     address_key, deletion_targets, expiration, indexed_tags, replacement_key, ChannelView, CommunityRecord,
-    InsertOutcome, Published, ReadScope, RemoteEvent, Store, StoreError, StoredEvent,
+    InsertOutcome, Page, PageRows, Published, ReadScope, RemoteEvent, Store, StoreError, StoredEvent,
 };
 use crate::config::{ChannelPolicy, WriterConfig};
 
@@ -761,9 +761,9 @@ async fn insert_tags(tx: &mut Tx<'_>, community: &str, rows: &[TagRow<'_>]) -> R
 
 fn stored(rows: Vec<super::db::Row>) -> Result<Vec<StoredEvent>, StoreError> {
     rows.into_iter()
-        .map(|r| {
+        .map(|mut r| {
             Ok(StoredEvent {
-                raw: r.text(0)?,
+                raw: r.take_text(0)?,
                 created_at: r.int(1)?,
                 id: r.id32(2)?,
             })
@@ -989,25 +989,29 @@ impl Store for SqlStore {
         }
     }
 
-    async fn query(
+    async fn query_page(
         &self,
         community: &str,
         filter: &Filter,
-        limit: usize,
+        page: &Page,
         scope: &ReadScope,
-    ) -> Result<Vec<StoredEvent>, StoreError> {
-        if limit == 0 {
-            return Ok(Vec::new());
+    ) -> Result<PageRows, StoreError> {
+        if page.limit == 0 || page.rows == 0 {
+            return Ok(PageRows {
+                events: Vec::new(),
+                end: true,
+            });
         }
-        let s = sql::select_events(self.dialect(), community, filter, limit, scope);
-        stored(
-            self.pool
-                .query_all(Q {
-                    sql: s.text,
-                    binds: s.binds,
-                })
-                .await?,
-        )
+        let s = sql::select_events(self.dialect(), community, filter, page.limit, page.after, scope);
+        let q = Q {
+            sql: s.text,
+            binds: s.binds,
+        };
+        let (rows, end) = self.pool.query_page(q, page.rows, page.max_bytes).await?;
+        Ok(PageRows {
+            events: stored(rows)?,
+            end,
+        })
     }
 
     async fn count(&self, community: &str, filters: &[Filter], scope: &ReadScope) -> Result<u64, StoreError> {
