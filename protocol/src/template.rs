@@ -38,6 +38,13 @@ pub enum TemplateError {
     Unknown(String),
 }
 
+/// A rendering that would pass its bound; `at_least` bytes were reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the rendered text reaches at least {at_least} bytes")]
+pub struct TooLarge {
+    pub at_least: usize,
+}
+
 fn valid_segment(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 64
@@ -119,24 +126,41 @@ impl Template {
     /// A missing value renders as the empty string; strings render as they
     /// are; other JSON values as compact JSON. Deterministic.
     pub fn render(&self, ctx: &Value) -> String {
+        match self.render_bounded(ctx, usize::MAX) {
+            Ok(s) => s,
+            Err(TooLarge { .. }) => unreachable!("no text is longer than usize::MAX bytes"),
+        }
+    }
+
+    /// [`Template::render`], stopping as soon as the text would pass
+    /// `max_bytes`: 64 placeholders of substituted data, each of them the
+    /// output of an earlier step, would otherwise multiply trigger data
+    /// without bound (an 8 KB webhook body became a 33.5 MB message).
+    pub fn render_bounded(&self, ctx: &Value, max_bytes: usize) -> Result<String, TooLarge> {
         let mut out = String::new();
         for p in &self.parts {
-            match p {
-                Part::Text(t) => out.push_str(t),
+            let piece: std::borrow::Cow<'_, str> = match p {
+                Part::Text(t) => t.as_str().into(),
                 Part::Var(path) => {
                     let mut v = ctx;
                     for seg in path {
                         v = v.get(seg).unwrap_or(&Value::Null);
                     }
                     match v {
-                        Value::Null => {}
-                        Value::String(s) => out.push_str(s),
-                        other => out.push_str(&other.to_string()),
+                        Value::Null => "".into(),
+                        Value::String(s) => s.as_str().into(),
+                        other => other.to_string().into(),
                     }
                 }
+            };
+            if out.len().saturating_add(piece.len()) > max_bytes {
+                return Err(TooLarge {
+                    at_least: out.len().saturating_add(piece.len()),
+                });
             }
+            out.push_str(&piece);
         }
-        out
+        Ok(out)
     }
 
     /// The literal text of the template (placeholders excluded).
@@ -218,6 +242,16 @@ mod tests {
         assert_eq!(t.render(&json!({})), "Hi :  # !");
         assert!(t.check(&["a"]).is_ok());
         assert!(t.check(&[]).is_err());
+    }
+
+    #[test]
+    fn bounded_rendering_stops_at_the_bound() {
+        let t = Template::parse(&"{{trigger.body.x}}".repeat(64)).unwrap();
+        let ctx = json!({"trigger": {"body": {"x": "y".repeat(8 * 1024)}}});
+        assert_eq!(t.render(&ctx).len(), 64 * 8 * 1024);
+        let err = t.render_bounded(&ctx, 128 * 1024).unwrap_err();
+        assert!(err.at_least > 128 * 1024 && err.at_least <= 136 * 1024, "{err:?}");
+        assert_eq!(t.render_bounded(&ctx, 64 * 8 * 1024).unwrap(), t.render(&ctx));
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use nostr::prelude::{Keys, PublicKey, SecretKey};
+use nostr::prelude::{Keys, PublicKey};
 
 use crate::store::{CommunityRecord, Store, StoreError};
 
@@ -24,10 +24,8 @@ pub struct Community {
 }
 
 impl Community {
-    fn from_record(r: &CommunityRecord) -> Result<Self, StoreError> {
-        let sk = SecretKey::from_hex(&r.secret_key_hex)
-            .map_err(|e| StoreError::Corrupt(format!("community {} key: {e}", r.id)))?;
-        let keys = Keys::new(sk);
+    fn from_record(r: &CommunityRecord, keys_dir: Option<&std::path::Path>) -> Result<Self, StoreError> {
+        let keys = crate::keys::load(r, keys_dir).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         Ok(Self {
             id: r.id.clone(),
             relay_url: r.relay_url.clone(),
@@ -59,13 +57,15 @@ impl Community {
 /// bounded by the number of bindings, not by what clients send.
 pub struct Communities {
     store: Arc<dyn Store>,
+    keys_dir: Option<std::path::PathBuf>,
     by_binding: RwLock<HashMap<String, Arc<Community>>>,
 }
 
 impl Communities {
-    pub fn new(store: Arc<dyn Store>) -> Self {
+    pub fn new(store: Arc<dyn Store>, keys_dir: Option<std::path::PathBuf>) -> Self {
         Self {
             store,
+            keys_dir,
             by_binding: RwLock::new(HashMap::new()),
         }
     }
@@ -87,7 +87,7 @@ impl Communities {
         } else {
             bare
         };
-        let community = Arc::new(Community::from_record(&record)?);
+        let community = Arc::new(Community::from_record(&record, self.keys_dir.as_deref())?);
         if let Ok(mut map) = self.by_binding.write() {
             map.insert(binding, community.clone());
         }

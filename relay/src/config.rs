@@ -27,6 +27,10 @@ pub struct Config {
     pub description: String,
     /// Kinds delivered only to connections authenticated as a `p` of the event.
     pub p_gated_kinds: Vec<u16>,
+    /// Directory of community signing keys kept outside the database
+    /// (`<keys_dir>/<community id>.key`); see `relay::keys`. Unset: keys
+    /// are stored in the database.
+    pub keys_dir: Option<std::path::PathBuf>,
     /// The community created on first start when it does not exist yet.
     pub default_community: DefaultCommunity,
     /// Protocol limits.
@@ -62,6 +66,7 @@ impl Default for Config {
             name: "nostr relay with durable agent delivery".into(),
             description: "Multi-community Nostr relay with workflows and managed-agent delivery.".into(),
             p_gated_kinds: vec![protocol::kinds::WAKE_HINT, protocol::kinds::GIFT_WRAP],
+            keys_dir: None,
             default_community: DefaultCommunity::default(),
             limits: Limits::default(),
             channels: ChannelPolicy::default(),

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, SecretKey, Timestamp};
+use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, Timestamp};
 use tokio::sync::Notify;
 
 use crate::state::{unix_now, AppState};
@@ -60,8 +60,11 @@ async fn read_communities(state: &AppState, cache: &mut HashMap<String, Keys>) {
         Ok(list) => {
             for c in list {
                 if let std::collections::hash_map::Entry::Vacant(v) = cache.entry(c.id.clone()) {
-                    if let Ok(sk) = SecretKey::from_hex(&c.secret_key_hex) {
-                        v.insert(Keys::new(sk));
+                    match crate::keys::load(&c, state.cfg.keys_dir.as_deref()) {
+                        Ok(keys) => {
+                            v.insert(keys);
+                        }
+                        Err(e) => tracing::error!(error = %e, "community not served by the engine"),
                     }
                 }
             }
@@ -127,7 +130,7 @@ async fn advance(state: &AppState, community: &str, keys: &Keys, run_id: &str) {
         let started = std::time::Instant::now();
         let step = state
             .store
-            .execute_run_step(community, keys, run_id, &state.cfg.deliveries)
+            .execute_run_step(community, keys, run_id, &state.cfg.deliveries, &state.cfg.limits)
             .await;
         tracing::debug!(
             run_id,

@@ -70,3 +70,14 @@ pub fn check(point: &str) -> Result<(), StoreError> {
 pub fn check(_point: &str) -> Result<(), StoreError> {
     Ok(())
 }
+
+/// Fails the storing of an event whose content is `poison` while the
+/// point `event:poison` is armed: a storage failure of one event, to show
+/// that it never fails the other events of its batch.
+pub fn check_event(content: &str) -> Result<(), StoreError> {
+    if content == "poison" {
+        check("event:poison")
+    } else {
+        Ok(())
+    }
+}

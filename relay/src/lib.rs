@@ -13,6 +13,7 @@ pub mod faults;
 
 pub mod http;
 pub mod hub;
+pub mod keys;
 pub mod listen;
 pub mod outbound;
 pub mod ratelimit;

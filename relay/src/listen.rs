@@ -93,48 +93,88 @@ impl Drop for PeerSlot {
 
 /// A connection's socket and its slot: hyper hands this very socket to a
 /// WebSocket upgrade, so the slot is held until the WebSocket ends too.
+/// Dropping it closes the socket gracefully ([`linger`]).
 struct Tracked {
-    tcp: TcpStream,
-    _slot: PeerSlot,
+    tcp: Option<TcpStream>,
+    slot: Option<PeerSlot>,
+}
+
+impl Tracked {
+    fn tcp(&mut self) -> &mut TcpStream {
+        self.tcp.as_mut().expect("the socket is taken only on drop")
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        if let (Some(tcp), Ok(rt)) = (self.tcp.take(), tokio::runtime::Handle::try_current()) {
+            rt.spawn(linger(tcp, self.slot.take()));
+        }
+    }
+}
+
+/// How long a closed connection's input is still read (and dropped).
+const LINGER: Duration = Duration::from_secs(2);
+/// Input read (and dropped) after close, at most.
+const LINGER_BYTES: usize = 1 << 20;
+
+/// Closes a socket the way RFC 6455 and HTTP servers must: send FIN, then
+/// read and drop what the peer still sends until it closes too (bounded in
+/// time and bytes), and only then release the socket. Closing it with
+/// unread input makes the kernel send RST, and a RST destroys what the
+/// peer has not read yet: a client that sent a frame over the hard size
+/// limit sometimes saw the connection drop (1006) instead of reading the
+/// 1009 close frame sent just before. The address's slot is held until
+/// the end, so lingering sockets count against its cap.
+async fn linger(mut tcp: TcpStream, slot: Option<PeerSlot>) {
+    let _ = tokio::time::timeout(LINGER, async {
+        let _ = tcp.shutdown().await;
+        let mut sink = [0u8; 8192];
+        let mut read = 0usize;
+        while read < LINGER_BYTES {
+            match tcp.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => read += n,
+            }
+        }
+    })
+    .await;
+    drop(slot);
 }
 
 impl AsyncRead for Tracked {
     fn poll_read(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.tcp).poll_read(cx, buf)
+        Pin::new(self.get_mut().tcp()).poll_read(cx, buf)
     }
 }
 
 impl AsyncWrite for Tracked {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.tcp).poll_write(cx, buf)
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(self.get_mut().tcp()).poll_write(cx, buf)
     }
 
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.tcp).poll_flush(cx)
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(self.get_mut().tcp()).poll_flush(cx)
     }
 
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.tcp).poll_shutdown(cx)
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(self.get_mut().tcp()).poll_shutdown(cx)
     }
 
     fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs)
+        Pin::new(self.get_mut().tcp()).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.tcp.is_write_vectored()
+        self.tcp.as_ref().is_some_and(TcpStream::is_write_vectored)
     }
 }
 
@@ -189,7 +229,10 @@ async fn accept_loop(listener: TcpListener, serving: Serving, conns: TaskTracker
         match serving.cap.take(peer.ip()) {
             Some(slot) => {
                 conns.spawn(serve_connection(
-                    Tracked { tcp, _slot: slot },
+                    Tracked {
+                        tcp: Some(tcp),
+                        slot: Some(slot),
+                    },
                     peer,
                     serving.clone(),
                 ));
@@ -228,27 +271,20 @@ async fn serve_connection(io: Tracked, peer: SocketAddr, serving: Serving) {
     }
 }
 
-/// How long a refused connection is given to read its answer.
-const REFUSE_LINGER: Duration = Duration::from_secs(1);
-
 /// Answers a connection over its address's cap with 429 and a JSON body,
-/// then reads (and drops) what it sends for a moment before closing: a
-/// socket closed with unread input is reset, and the reset can destroy the
-/// answer before the client reads it.
+/// then closes it as [`linger`] does (so that the answer is read).
 async fn refuse(mut tcp: TcpStream) {
     const BODY: &str = r#"{"error":"too_many_connections","message":"too many open connections from this address; close some and retry"}"#;
     let answer = format!(
         "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{BODY}",
         BODY.len()
     );
-    let _ = tokio::time::timeout(REFUSE_LINGER, async {
-        tcp.write_all(answer.as_bytes()).await?;
-        tcp.shutdown().await?;
-        let mut sink = [0u8; 4096];
-        while tcp.read(&mut sink).await? > 0 {}
-        Ok::<_, std::io::Error>(())
-    })
-    .await;
+    if tokio::time::timeout(LINGER, tcp.write_all(answer.as_bytes()))
+        .await
+        .is_ok()
+    {
+        linger(tcp, None).await;
+    }
 }
 
 #[cfg(test)]

@@ -100,8 +100,17 @@ enum CommunityCommand {
         #[arg(long)]
         url: String,
     },
-    /// List communities: id, public key, relay URL, hosts (tab separated).
+    /// List communities: id, public key, relay URL, hosts, where the key
+    /// is kept (`database` or `file`), tab separated.
     List,
+    /// Move the signing keys kept in the database into key files under
+    /// `keys_dir` (`<keys_dir>/<id>.key`, mode 0600), leaving only their
+    /// public keys in the database. Safe to run again.
+    KeysOut {
+        /// Only this community (default: all).
+        #[arg(long)]
+        id: Option<String>,
+    },
 }
 
 /// `--listen` checked as it is parsed (so clap reports a bad address).
@@ -156,34 +165,68 @@ async fn community(cfg: Config, command: CommunityCommand) -> anyhow::Result<()>
     let store = open_existing(&cfg).await?;
     let result = match command {
         CommunityCommand::Add { id, hosts, url } => {
-            let record = relay::community::new_record(&id, &url, &hosts).map_err(anyhow::Error::msg)?;
+            let mut record = relay::community::new_record(&id, &url, &hosts).map_err(anyhow::Error::msg)?;
+            if let Some(dir) = &cfg.keys_dir {
+                relay::keys::move_out(&mut record, dir)?;
+            }
             store.add_community(&record).await?;
-            let keys = nostr::prelude::Keys::parse(&record.secret_key_hex)?;
-            println!(
-                "{}\t{}\t{}\t{}",
-                record.id,
-                keys.public_key().to_hex(),
-                record.relay_url,
-                record.hosts.join(",")
-            );
-            Ok(())
+            print_community(&record)
         }
         CommunityCommand::List => {
             for c in store.list_communities().await? {
-                let keys = nostr::prelude::Keys::parse(&c.secret_key_hex)?;
-                println!(
-                    "{}\t{}\t{}\t{}",
-                    c.id,
-                    keys.public_key().to_hex(),
-                    c.relay_url,
-                    c.hosts.join(",")
-                );
+                print_community(&c)?;
             }
             Ok(())
         }
+        CommunityCommand::KeysOut { id } => keys_out(&cfg, store.as_ref(), id.as_deref()).await,
     };
     store.close().await;
     result
+}
+
+fn print_community(c: &relay::store::CommunityRecord) -> anyhow::Result<()> {
+    let kept = if relay::keys::is_external(c) {
+        "file"
+    } else {
+        "database"
+    };
+    println!(
+        "{}\t{}\t{}\t{}\t{kept}",
+        c.id,
+        relay::keys::public_key_hex(c)?,
+        c.relay_url,
+        c.hosts.join(",")
+    );
+    Ok(())
+}
+
+/// `relay community keys-out`: each key to its file first (synced), then
+/// the database's copy replaced by the marker; a crash in between leaves
+/// the key in both places, and running it again finishes the move.
+async fn keys_out(cfg: &Config, store: &dyn relay::store::Store, only: Option<&str>) -> anyhow::Result<()> {
+    let Some(dir) = &cfg.keys_dir else {
+        anyhow::bail!(
+            "keys_dir is not configured: set it (RELAY_KEYS_DIR or keys_dir in the config file) first"
+        );
+    };
+    let mut found = false;
+    for mut c in store.list_communities().await? {
+        if only.is_some_and(|id| id != c.id) {
+            continue;
+        }
+        found = true;
+        if relay::keys::is_external(&c) {
+            relay::keys::load(&c, Some(dir))?;
+        } else {
+            relay::keys::move_out(&mut c, dir)?;
+            store.set_community_key(&c.id, &c.secret_key_hex).await?;
+        }
+        print_community(&c)?;
+    }
+    if !found {
+        anyhow::bail!("no community {}", only.unwrap_or("at all"));
+    }
+    Ok(())
 }
 
 async fn deliveries(cfg: Config, community: &str, command: DeliveriesCommand) -> anyhow::Result<()> {

@@ -21,7 +21,11 @@ pub async fn ensure_default_community(cfg: &Config, store: &dyn store::Store) ->
     if store.list_communities().await?.iter().any(|c| c.id == d.id) {
         return Ok(());
     }
-    let record = crate::community::new_record(&d.id, &d.relay_url, &d.hosts).map_err(anyhow::Error::msg)?;
+    let mut record =
+        crate::community::new_record(&d.id, &d.relay_url, &d.hosts).map_err(anyhow::Error::msg)?;
+    if let Some(dir) = &cfg.keys_dir {
+        crate::keys::move_out(&mut record, dir)?;
+    }
     match store.add_community(&record).await {
         // Another process created it at the same moment: fine.
         Ok(()) | Err(StoreError::Conflict(_)) => Ok(()),
@@ -29,9 +33,20 @@ pub async fn ensure_default_community(cfg: &Config, store: &dyn store::Store) ->
     }
 }
 
+/// Every community's signing key loads: a community whose key file is
+/// missing or wrong would answer nothing but errors, so the relay refuses
+/// to start instead, naming it.
+async fn check_keys(cfg: &Config, store: &dyn store::Store) -> anyhow::Result<()> {
+    for c in store.list_communities().await? {
+        crate::keys::load(&c, cfg.keys_dir.as_deref())?;
+    }
+    Ok(())
+}
+
 /// Runs the relay until SIGTERM/SIGINT.
 pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     let (store, remote) = start_store(&cfg).await?;
+    check_keys(&cfg, store.as_ref()).await?;
     let listeners = bind_all(&cfg.listen).await?;
     let local: Vec<SocketAddr> = listeners.iter().filter_map(|l| l.local_addr().ok()).collect();
 

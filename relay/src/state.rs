@@ -46,10 +46,11 @@ impl AppState {
         let webhook_failures =
             crate::ratelimit::KeyedLimiter::new(l.webhook_failures_per_second, l.webhook_failures_burst);
         let output = crate::outbound::Budget::new(l.max_outbound_bytes_total);
+        let keys_dir = cfg.keys_dir.clone();
 
         Self {
             cfg: Arc::new(cfg),
-            communities: Communities::new(store.clone()),
+            communities: Communities::new(store.clone(), keys_dir),
             store,
             hub: Hub::new(capacity, output.clone()),
             shutdown: CancellationToken::new(),

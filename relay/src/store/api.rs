@@ -14,7 +14,7 @@ use super::group::{mismatch, Call, Done};
 use super::sqlstore::SqlStore;
 use super::workflows::{self, StepOutcome};
 use super::StoreError;
-use crate::config::DeliveryConfig;
+use crate::config::{DeliveryConfig, Limits};
 
 /// A NIP-98 auth event that a delivery call spends: recorded as used in the
 /// call's own transaction, before the call and outside its savepoint, so the
@@ -43,6 +43,7 @@ pub trait WorkflowStore: Send + Sync {
         keys: &Keys,
         run_id: &str,
         cfg: &DeliveryConfig,
+        limits: &Limits,
     ) -> Result<StepOutcome, StoreError>;
 
     /// Runs still running in a community, oldest first.
@@ -172,9 +173,10 @@ impl WorkflowStore for SqlStore {
         keys: &Keys,
         run_id: &str,
         cfg: &DeliveryConfig,
+        limits: &Limits,
     ) -> Result<StepOutcome, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let out = workflows::execute_step(&mut tx, community, keys, run_id, cfg).await?;
+        let out = workflows::execute_step(&mut tx, community, keys, run_id, cfg, limits).await?;
         let raws: Vec<&str> = out.published.iter().map(|(_, raw)| raw.as_str()).collect();
         self.announce(&mut tx, community, &raws).await?;
         tx.commit().await?;
@@ -224,7 +226,14 @@ impl WorkflowStore for SqlStore {
         }
         let run = match workflows::create_run(&mut tx, community, workflow_id, &cause, context).await? {
             Ok(r) => r,
-            Err(why) => return Ok(Err(Refusal::new(409, "workflow_disabled", why))),
+            Err(no) => {
+                let status = match no {
+                    workflows::NoRun::Unknown => 404,
+                    workflows::NoRun::Disabled => 409,
+                    workflows::NoRun::OwnerNotMember => 403,
+                };
+                return Ok(Err(Refusal::new(status, no.code(), no.message())));
+            }
         };
         tx.commit().await?;
         Ok(Ok(run))
@@ -269,11 +278,11 @@ impl WorkflowStore for SqlStore {
     ) -> Result<Answer<Vec<Value>>, StoreError> {
         let mut tx = self.pool.read().await?;
         if let (Some(caller), Some(w)) = (caller, workflow_id) {
-            if let Err((status, code)) = workflows::owned(&mut tx, community, w, caller).await? {
+            if let Err((status, code)) = workflows::owned_by_member(&mut tx, community, w, caller).await? {
                 return Ok(Err(Refusal::new(
                     status,
                     code,
-                    "only the workflow's owner may list its runs",
+                    "only the workflow's owner, while a member of its channel, may list its runs",
                 )));
             }
         }

@@ -309,8 +309,9 @@ pub async fn apply(
         super::workflows::on_message(tx, community, &keys.public_key(), event, &channel).await?;
     }
 
-    // State changes; which metadata kinds need re-publishing.
+    // State changes; which metadata kinds need re-publishing; who left.
     let (mut meta, mut admins, mut members) = (false, false, false);
+    let mut departed: Vec<PublicKey> = Vec::new();
     match kind {
         CREATE_GROUP => {
             tx.exec(
@@ -353,6 +354,7 @@ pub async fn apply(
         }
         LEAVE_REQUEST => {
             remove_member(tx, community, &channel, &author).await?;
+            departed.push(author);
             (admins, members) = (true, true);
         }
         PUT_USER => {
@@ -368,6 +370,9 @@ pub async fn apply(
         }
         REMOVE_USER => {
             for (pk, _) in targets(event) {
+                if current.as_ref().is_some_and(|c| c.is_member(&pk)) {
+                    departed.push(pk);
+                }
                 remove_member(tx, community, &channel, &pk).await?;
             }
             (admins, members) = (true, true);
@@ -419,6 +424,9 @@ pub async fn apply(
             "kind {kind} re-publishes: lock_keys must say so"
         );
         published.extend(republish(tx, community, keys, &channel, now, meta, admins, members).await?);
+    }
+    for pk in &departed {
+        published.extend(super::workflows::pause_for_departed(tx, community, keys, &channel, pk, now).await?);
     }
     Ok((InsertOutcome::Stored, published))
 }

@@ -15,7 +15,7 @@
 //! expiry posts one relay-signed notice in the channel, in the transaction
 //! that makes the transition (so exactly once).
 
-use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, PublicKey, Tag, Timestamp};
+use nostr::prelude::{Event, Keys, PublicKey, Tag};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -567,19 +567,12 @@ async fn notice(
         "Workflow {} could not be delivered to agent {target} (delivery {}, step {}): {code}",
         d.workflow_id, d.id, d.step_id
     );
-    let ev = EventBuilder::new(Kind::from_u16(protocol::workflow::MESSAGE_KIND), text)
-        .tags([
-            Tag::custom("h", [d.channel.as_str()]),
-            Tag::custom("workflow-delivery-failed", [d.id.as_str(), code]),
-            Tag::custom("e", [hex::encode(d.message_event_id)]),
-            Tag::custom("workflow-run", [d.run_id.as_str()]),
-        ])
-        .custom_created_at(Timestamp::from_secs(u64::try_from(now).unwrap_or(0)))
-        .finalize(keys)
-        .map_err(|e| StoreError::Corrupt(format!("signing notice: {e}")))?;
-    let raw = serde_json::to_string(&ev).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    insert_event_tx(tx, community, &ev, &raw, Some(&d.channel)).await?;
-    Ok((ev, raw))
+    let tags = vec![
+        Tag::custom("workflow-delivery-failed", [d.id.as_str(), code]),
+        Tag::custom("e", [hex::encode(d.message_event_id)]),
+        Tag::custom("workflow-run", [d.run_id.as_str()]),
+    ];
+    super::notices::post(tx, community, keys, &d.channel, text, tags, now).await
 }
 
 /// Moves a row to a terminal failure (with its notice).

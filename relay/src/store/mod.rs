@@ -17,6 +17,7 @@ pub mod channels;
 pub mod db;
 pub mod deliveries;
 mod group;
+pub mod notices;
 pub mod postgres;
 pub mod sql;
 pub mod sqlite;
@@ -38,7 +39,9 @@ pub struct CommunityRecord {
     pub id: String,
     /// Public relay URL (`ws://` or `wss://`).
     pub relay_url: String,
-    /// Hex secret key the relay signs this community's events with.
+    /// Hex secret key the relay signs this community's events with, or
+    /// `file:<public key hex>` when the key is kept in a key file
+    /// (`crate::keys`).
     pub secret_key_hex: String,
     /// Normalised hosts bound to the community.
     pub hosts: Vec<String>,
@@ -159,6 +162,10 @@ pub trait Store: WorkflowStore + Send + Sync + 'static {
 
     /// All communities, by id.
     async fn list_communities(&self) -> Result<Vec<CommunityRecord>, StoreError>;
+
+    /// Replaces a community's stored key (with the marker of a key moved to
+    /// a file, see `crate::keys`); `false` when there is no such community.
+    async fn set_community_key(&self, id: &str, stored: &str) -> Result<bool, StoreError>;
 
     /// Queues a verified event for storage under the NIP-01/09/40 rules,
     /// in one of the batched transactions of the store's writer (in queue

@@ -133,6 +133,7 @@ pub(crate) async fn insert_event_tx(
 
     // Every rule below is about one author's events: serialise per author.
     tx.lock(&author_lock_key(community, &event.pubkey)).await?;
+    crate::faults::check_event(&event.content)?;
 
     let address = d_tag.as_ref().map(|d| address_key(event.kind.as_u16(), d));
     if d_tag.is_none() {
@@ -400,8 +401,12 @@ async fn apply_deletion(
 /// Group commit: takes what is queued (up to `MAX_BATCH`) and stores it in
 /// one transaction, in queue order, then answers each request. Every
 /// refusal of `insert_event_tx` happens before it writes anything, so one
-/// refused event never leaves a trace in the batch; a storage error fails
-/// the whole batch (and each request with it: nothing was acknowledged).
+/// refused event never leaves a trace in the batch. When the batch fails
+/// as a whole, its events are written again one by one, each in its own
+/// savepoint ([`write_isolated`]): a storage error of one event (one
+/// client's) fails that event only, never the others of its batch (one
+/// U+0000 in a tag value used to fail every client's events with it on
+/// PostgreSQL).
 async fn batch_writer(pool: Pool, origin: String, mut rx: mpsc::Receiver<InsertRequest>, max_batch: usize) {
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
@@ -419,20 +424,96 @@ async fn batch_writer(pool: Pool, origin: String, mut rx: mpsc::Receiver<InsertR
             ok = written.is_ok(),
             "write batch"
         );
-        match written {
-            Ok(outcomes) => {
-                for (req, outcome) in batch.into_iter().zip(outcomes) {
-                    let _ = req.reply.send(Ok(outcome));
-                }
-            }
+        let answers = match written {
+            Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
             Err(e) => {
-                let text = e.to_string();
-                for req in batch {
-                    let _ = req.reply.send(Err(StoreError::Batch(text.clone())));
-                }
+                tracing::warn!(events = batch.len(), error = %e, "batch write failed; writing its events one by one");
+                write_isolated(&pool, &origin, &batch).await
             }
+        };
+        for (req, answer) in batch.into_iter().zip(answers) {
+            let _ = req.reply.send(answer);
         }
     }
+}
+
+/// Takes every author lock of `batch` up front, in one order (PostgreSQL),
+/// so that this batch and the call writers' (of this process or another)
+/// never wait on each other in a cycle.
+async fn lock_authors(tx: &mut Tx<'_>, batch: &[InsertRequest]) -> Result<(), StoreError> {
+    if tx.dialect() == Dialect::Postgres {
+        let keys = batch
+            .iter()
+            .map(|r| author_lock_key(&r.community, &r.event.pubkey))
+            .collect();
+        tx.lock_all(keys).await?;
+    }
+    Ok(())
+}
+
+/// Writes `batch` in one transaction, each event in a savepoint of its
+/// own: an event that fails is rolled back alone and answered with its
+/// error; the others commit. Only after the batched write failed (it
+/// costs a savepoint per event).
+async fn write_isolated(
+    pool: &Pool,
+    origin: &str,
+    batch: &[InsertRequest],
+) -> Vec<Result<InsertOutcome, StoreError>> {
+    let fail_all = |e: &StoreError| -> Vec<Result<InsertOutcome, StoreError>> {
+        batch
+            .iter()
+            .map(|_| Err(StoreError::Batch(e.to_string())))
+            .collect()
+    };
+    let mut tx = match pool.begin().await {
+        Ok(tx) => tx,
+        Err(e) => return fail_all(&e),
+    };
+    if let Err(e) = lock_authors(&mut tx, batch).await {
+        return fail_all(&e);
+    }
+    let mut answers = Vec::with_capacity(batch.len());
+    for r in batch {
+        if let Err(e) = tx.exec(Q::new("SAVEPOINT event")).await {
+            return fail_all(&e);
+        }
+        let mark = tx.lock_mark();
+        let answer = insert_event_tx(&mut tx, &r.community, &r.event, &r.raw, None).await;
+        let end = match &answer {
+            Ok(_) => "RELEASE SAVEPOINT event",
+            Err(e) => {
+                tracing::warn!(community = %r.community, event = %r.event.id, error = %e, "event not stored");
+                "ROLLBACK TO SAVEPOINT event"
+            }
+        };
+        if let Err(e) = tx.exec(Q::new(end)).await {
+            return fail_all(&e);
+        }
+        if answer.is_err() {
+            // Released by the rollback, and the savepoint with it.
+            tx.forget_locks_since(mark);
+            if let Err(e) = tx.exec(Q::new("RELEASE SAVEPOINT event")).await {
+                return fail_all(&e);
+            }
+        }
+        answers.push(answer);
+    }
+    if tx.dialect() == Dialect::Postgres {
+        let stored: Vec<(&str, &str)> = batch
+            .iter()
+            .zip(&answers)
+            .filter(|(_, a)| matches!(a, Ok(InsertOutcome::Stored)))
+            .map(|(r, _)| (r.community.as_str(), &*r.raw))
+            .collect();
+        if let Err(e) = super::postgres::notify(&mut tx, origin, &stored).await {
+            return fail_all(&e);
+        }
+    }
+    if let Err(e) = tx.commit().await {
+        return fail_all(&e);
+    }
+    answers
 }
 
 async fn write_batch(
@@ -441,16 +522,7 @@ async fn write_batch(
     batch: &[InsertRequest],
 ) -> Result<Vec<InsertOutcome>, StoreError> {
     let mut tx = pool.begin().await?;
-    if tx.dialect() == Dialect::Postgres {
-        // Take every author lock up front, in one order, so that this batch
-        // and the call writers' (of this process or another) never wait on
-        // each other in a cycle.
-        let keys = batch
-            .iter()
-            .map(|r| author_lock_key(&r.community, &r.event.pubkey))
-            .collect();
-        tx.lock_all(keys).await?;
-    }
+    lock_authors(&mut tx, batch).await?;
     let mut outcomes = Vec::with_capacity(batch.len());
     let mut i = 0;
     while i < batch.len() {
@@ -634,6 +706,9 @@ async fn insert_plain_run(tx: &mut Tx<'_>, run: &[InsertRequest]) -> Result<Vec<
     }
     if fresh.is_empty() {
         return Ok(outcomes);
+    }
+    for r in &fresh {
+        crate::faults::check_event(&r.event.content)?;
     }
     // SQLite: `OR FAIL` (a failing row fails the statement without undoing
     // the rows before it, and the batch's error then rolls the whole
@@ -837,6 +912,18 @@ impl Store for SqlStore {
             "SELECT id, relay_url, secret_key_hex FROM communities ORDER BY id",
         ))
         .await
+    }
+
+    async fn set_community_key(&self, id: &str, stored: &str) -> Result<bool, StoreError> {
+        let n = self
+            .pool
+            .exec(
+                Q::new("UPDATE communities SET secret_key_hex = $2 WHERE id = $1")
+                    .bind(id)
+                    .bind(stored),
+            )
+            .await?;
+        Ok(n == 1)
     }
 
     async fn enqueue_insert(

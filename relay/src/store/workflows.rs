@@ -8,7 +8,7 @@
 //! message record and reuses the event; rows it already made are kept
 //! (`ON CONFLICT DO NOTHING`), so nothing is duplicated.
 
-use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, PublicKey, Timestamp};
+use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, PublicKey, Tag, Timestamp};
 use protocol::template::{self, Template};
 use protocol::workflow::{self, Cause, Definition, MessageBinding, Step, Trigger, Validated};
 use serde_json::{json, Value};
@@ -16,7 +16,8 @@ use serde_json::{json, Value};
 use super::db::{Pool, Row, Tx, Q};
 use super::sqlstore::{created_at_of, insert_event_tx};
 use super::{InsertOutcome, StoreError};
-use crate::config::DeliveryConfig;
+use crate::admission;
+use crate::config::{DeliveryConfig, Limits};
 use crate::faults;
 
 /// A delivery row made by a step, for its wake hint.
@@ -228,7 +229,8 @@ pub async fn cancel_workflow(tx: &mut Tx<'_>, community: &str, workflow_id: &str
     let now = tx.now().await?;
     tx.exec(
         Q::new(
-            "UPDATE workflow_runs SET status = 'cancelled', error = 'workflow disabled or deleted', updated_at = $3 \
+            "UPDATE workflow_runs SET status = 'cancelled', error = 'workflow disabled or deleted', \
+             error_code = 'workflow_disabled', updated_at = $3 \
              WHERE community_id = $1 AND workflow_id = $2 AND status = 'running'",
         )
         .bind(community)
@@ -250,6 +252,57 @@ pub async fn cancel_workflow(tx: &mut Tx<'_>, community: &str, workflow_id: &str
     Ok(())
 }
 
+/// Pauses the workflows `departed` owns in `channel` (removed by an admin,
+/// or left): they stop firing, their running runs and open deliveries are
+/// cancelled, and the channel sees one relay-signed notice per workflow
+/// (tag `["workflow-paused", <workflow id>, "owner_not_member"]`). The
+/// owner resumes one by publishing its definition again once a member.
+/// Returns the notices, to announce after commit.
+pub async fn pause_for_departed(
+    tx: &mut Tx<'_>,
+    community: &str,
+    keys: &Keys,
+    channel: &str,
+    departed: &PublicKey,
+    now: i64,
+) -> Result<Vec<(Event, String)>, StoreError> {
+    let rows = tx
+        .all(
+            Q::new(
+                "SELECT id FROM workflows WHERE community_id = $1 AND channel = $2 AND owner = $3 \
+                 AND enabled AND NOT deleted ORDER BY id",
+            )
+            .bind(community)
+            .bind(channel)
+            .bind(departed.to_bytes()),
+        )
+        .await?;
+    let mut notices = Vec::with_capacity(rows.len());
+    for row in rows {
+        let id = row.text(0)?;
+        tx.exec(
+            Q::new(
+                "UPDATE workflows SET enabled = FALSE, updated_at = $3 WHERE community_id = $1 AND id = $2",
+            )
+            .bind(community)
+            .bind(id.as_str())
+            .bind(now),
+        )
+        .await?;
+        cancel_workflow(tx, community, &id).await?;
+        let text = format!(
+            "Workflow {id} is paused: its owner {} is no longer a member of this channel",
+            departed.to_hex()
+        );
+        let tags = vec![
+            Tag::custom("workflow-paused", [id.as_str(), NoRun::OwnerNotMember.code()]),
+            Tag::custom("workflow-owner", [departed.to_hex()]),
+        ];
+        notices.push(super::notices::post(tx, community, keys, channel, text, tags, now).await?);
+    }
+    Ok(notices)
+}
+
 /// Cancels everything of a deleted channel.
 pub async fn cancel_channel(tx: &mut Tx<'_>, community: &str, channel: &str) -> Result<(), StoreError> {
     let now = tx.now().await?;
@@ -264,7 +317,8 @@ pub async fn cancel_channel(tx: &mut Tx<'_>, community: &str, channel: &str) -> 
     .await?;
     tx.exec(
         Q::new(
-            "UPDATE workflow_runs SET status = 'cancelled', error = 'channel deleted', updated_at = $3 \
+            "UPDATE workflow_runs SET status = 'cancelled', error = 'channel deleted', \
+             error_code = 'channel_deleted', updated_at = $3 \
              WHERE community_id = $1 AND channel = $2 AND status = 'running'",
         )
         .bind(community)
@@ -286,20 +340,68 @@ pub async fn cancel_channel(tx: &mut Tx<'_>, community: &str, channel: &str) -> 
     Ok(())
 }
 
+/// Why a cause started no run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoRun {
+    Unknown,
+    Disabled,
+    /// The owner is not a member of the workflow's channel now: a run would
+    /// read and post into a channel the owner may no longer see.
+    OwnerNotMember,
+}
+
+impl NoRun {
+    pub fn code(self) -> &'static str {
+        match self {
+            NoRun::Unknown => "unknown_workflow",
+            NoRun::Disabled => "workflow_disabled",
+            NoRun::OwnerNotMember => "owner_not_member",
+        }
+    }
+
+    pub fn message(self) -> &'static str {
+        match self {
+            NoRun::Unknown => "no such workflow",
+            NoRun::Disabled => "the workflow is disabled",
+            NoRun::OwnerNotMember => "the workflow's owner is not a member of its channel",
+        }
+    }
+}
+
+/// Whether `owner` is a member of `channel` now.
+pub async fn is_member(
+    tx: &mut Tx<'_>,
+    community: &str,
+    channel: &str,
+    owner: &[u8; 32],
+) -> Result<bool, StoreError> {
+    tx.exists(
+        Q::new("SELECT 1 FROM channel_members WHERE community_id = $1 AND channel_id = $2 AND pubkey = $3")
+            .bind(community)
+            .bind(channel)
+            .bind(*owner),
+    )
+    .await
+}
+
 /// Creates a run for a cause unless that cause already made one (unique per
-/// community, workflow and cause). Returns the run id and whether it is new.
+/// community, workflow and cause), only while the workflow is live and its
+/// owner a member of its channel. Returns the run id and whether it is new.
 pub async fn create_run(
     tx: &mut Tx<'_>,
     community: &str,
     workflow_id: &str,
     cause: &Cause,
     mut trigger_context: Value,
-) -> Result<Result<(String, bool), String>, StoreError> {
+) -> Result<Result<(String, bool), NoRun>, StoreError> {
     let Some(w) = load_workflow(tx, community, workflow_id).await? else {
-        return Ok(Err("unknown workflow".into()));
+        return Ok(Err(NoRun::Unknown));
     };
     if !w.enabled || w.deleted {
-        return Ok(Err("workflow is disabled".into()));
+        return Ok(Err(NoRun::Disabled));
+    }
+    if !is_member(tx, community, &w.channel, &w.owner).await? {
+        return Ok(Err(NoRun::OwnerNotMember));
     }
     trigger_context["cause"] = json!(cause);
     trigger_context["channel"] = json!(w.channel);
@@ -356,11 +458,15 @@ pub async fn on_message(
     if event.pubkey == *relay_pubkey || event.kind.as_u16() != workflow::MESSAGE_KIND {
         return Ok(Vec::new());
     }
+    // Only workflows whose owner is a member now (`create_run` checks it
+    // again, for every trigger).
     let rows = tx
         .all(
             Q::new(format!(
-                "SELECT {WORKFLOW_COLS} FROM workflows WHERE community_id = $1 AND channel = $2 \
-                 AND trigger = 'message_posted' AND enabled AND NOT deleted ORDER BY id"
+                "SELECT {WORKFLOW_COLS} FROM workflows w WHERE community_id = $1 AND channel = $2 \
+                 AND trigger = 'message_posted' AND enabled AND NOT deleted AND EXISTS (SELECT 1 FROM \
+                 channel_members m WHERE m.community_id = w.community_id AND m.channel_id = w.channel \
+                 AND m.pubkey = w.owner) ORDER BY id"
             ))
             .bind(community)
             .bind(channel),
@@ -443,24 +549,95 @@ async fn load_run(tx: &mut Tx<'_>, community: &str, run_id: &str) -> Result<Opti
     }))
 }
 
+/// Why a run ended other than by completing: a stable code and a text.
+type RunError = (&'static str, String);
+
 async fn end_run(
     tx: &mut Tx<'_>,
     community: &str,
     run_id: &str,
     status: &str,
-    error: Option<&str>,
+    error: Option<RunError>,
 ) -> Result<(), StoreError> {
     let now = tx.now().await?;
+    let (code, message) = error.map_or((None, None), |(c, m)| (Some(c.to_string()), Some(m)));
     tx.exec(
-        Q::new("UPDATE workflow_runs SET status = $3, error = $4, updated_at = $5 WHERE community_id = $1 AND id = $2")
-            .bind(community)
-            .bind(run_id)
-            .bind(status)
-            .bind(error.map(str::to_string))
-            .bind(now),
+        Q::new(
+            "UPDATE workflow_runs SET status = $3, error = $4, error_code = $5, updated_at = $6 \
+             WHERE community_id = $1 AND id = $2",
+        )
+        .bind(community)
+        .bind(run_id)
+        .bind(status)
+        .bind(message)
+        .bind(code)
+        .bind(now),
     )
     .await?;
     Ok(())
+}
+
+/// What a step's message is bound to.
+struct Binding<'a> {
+    run: &'a RunRow,
+    run_id: &'a str,
+    step_id: &'a str,
+    definition_hex: &'a str,
+    reply_in_thread: bool,
+}
+
+/// Renders and signs a step's message, under the same admission rule as
+/// every event a client sends (the relay's own events obey the limits it
+/// sets for others): `Err` is why the run fails, `message_too_large` when
+/// the rendered text (rendering stops at `max_event_bytes`) or the signed
+/// event is over `max_event_bytes`.
+fn sign_message(
+    keys: &Keys,
+    b: &Binding<'_>,
+    template: &Template,
+    now: i64,
+    limits: &Limits,
+) -> Result<Event, RunError> {
+    let too_large = |bytes: String| {
+        (
+            "message_too_large",
+            format!(
+                "step {}: the message would be {bytes} bytes; max_event_bytes is {}",
+                b.step_id, limits.max_event_bytes
+            ),
+        )
+    };
+    let ctx = template::context(&b.run.trigger_context, &b.run.trace);
+    let rendered = template
+        .render_bounded(&ctx, limits.max_event_bytes)
+        .map_err(|e| too_large(format!("at least {}", e.at_least)))?;
+    let recipients = workflow::recipients(&b.run.owner, template);
+    let reply_to = (b.reply_in_thread && b.run.cause.kind == "event").then_some(b.run.cause.id.as_str());
+    let tags = workflow::message_tags(&MessageBinding {
+        channel: &b.run.channel,
+        definition_event_id: b.definition_hex,
+        step_id: b.step_id,
+        run_id: b.run_id,
+        owner: &b.run.owner,
+        cause: &b.run.cause,
+        recipients: &recipients,
+        reply_to,
+    });
+    let ev = EventBuilder::new(Kind::from_u16(workflow::MESSAGE_KIND), rendered)
+        .tags(tags)
+        .custom_created_at(Timestamp::from_secs(u64::try_from(now).unwrap_or(0)))
+        .finalize(keys)
+        .map_err(|e| ("signing_failed", format!("signing the message: {e}")))?;
+    let rules = admission::Rules {
+        limits,
+        community_key: &keys.public_key(),
+        now: u64::try_from(now).unwrap_or(0),
+    };
+    match admission::check(&ev, ev.as_json().len(), &rules) {
+        Ok(()) => Ok(ev),
+        Err(admission::Refusal::TooLarge { bytes, .. }) => Err(too_large(bytes.to_string())),
+        Err(r) => Err(("message_refused", format!("step {}: {r}", b.step_id))),
+    }
 }
 
 /// Executes the current step of a run, if it is still running, inside `tx`.
@@ -470,6 +647,7 @@ pub async fn execute_step(
     keys: &Keys,
     run_id: &str,
     cfg: &DeliveryConfig,
+    limits: &Limits,
 ) -> Result<StepOutcome, StoreError> {
     let mut out = StepOutcome::default();
     // Concurrent executions of one run (several processes) serialise here;
@@ -485,25 +663,16 @@ pub async fn execute_step(
         .await?
         .is_some_and(|w| w.enabled && !w.deleted);
     if !live {
-        end_run(
-            tx,
-            community,
-            run_id,
-            "cancelled",
-            Some("workflow disabled or deleted"),
-        )
-        .await?;
+        let why = ("workflow_disabled", "workflow disabled or deleted".to_string());
+        end_run(tx, community, run_id, "cancelled", Some(why)).await?;
         return Ok(out);
     }
     let Some(def) = load_definition(tx, community, &run.definition_event_id).await? else {
-        end_run(
-            tx,
-            community,
-            run_id,
-            "failed",
-            Some("definition revision is no longer stored"),
-        )
-        .await?;
+        let why = (
+            "definition_missing",
+            "definition revision is no longer stored".to_string(),
+        );
+        end_run(tx, community, run_id, "failed", Some(why)).await?;
         return Ok(out);
     };
     let step_index = usize::try_from(run.current_step).unwrap_or(usize::MAX);
@@ -517,14 +686,8 @@ pub async fn execute_step(
         reply_in_thread,
     } = step;
     let Ok(template) = Template::parse(text) else {
-        end_run(
-            tx,
-            community,
-            run_id,
-            "failed",
-            Some("step template no longer parses"),
-        )
-        .await?;
+        let why = ("template_invalid", "step template no longer parses".to_string());
+        end_run(tx, community, run_id, "failed", Some(why)).await?;
         return Ok(out);
     };
     let now = tx.now().await?;
@@ -546,24 +709,20 @@ pub async fn execute_step(
     let message: Event = match existing {
         Some(row) => serde_json::from_str(&row.text(0)?).map_err(|e| StoreError::Corrupt(e.to_string()))?,
         None => {
-            let rendered = template.render(&template::context(&run.trigger_context, &run.trace));
-            let recipients = workflow::recipients(&run.owner, &template);
-            let reply_to = (*reply_in_thread && run.cause.kind == "event").then_some(run.cause.id.as_str());
-            let tags = workflow::message_tags(&MessageBinding {
-                channel: &run.channel,
-                definition_event_id: &definition_hex,
-                step_id,
+            let binding = Binding {
+                run: &run,
                 run_id,
-                owner: &run.owner,
-                cause: &run.cause,
-                recipients: &recipients,
-                reply_to,
-            });
-            let ev = EventBuilder::new(Kind::from_u16(workflow::MESSAGE_KIND), rendered)
-                .tags(tags)
-                .custom_created_at(Timestamp::from_secs(u64::try_from(now).unwrap_or(0)))
-                .finalize(keys)
-                .map_err(|e| StoreError::Corrupt(format!("signing workflow message: {e}")))?;
+                step_id,
+                definition_hex: &definition_hex,
+                reply_in_thread: *reply_in_thread,
+            };
+            let ev = match sign_message(keys, &binding, &template, now, limits) {
+                Ok(ev) => ev,
+                Err(why) => {
+                    end_run(tx, community, run_id, "failed", Some(why)).await?;
+                    return Ok(out);
+                }
+            };
             let raw = serde_json::to_string(&ev).map_err(|e| StoreError::Corrupt(e.to_string()))?;
             match insert_event_tx(tx, community, &ev, &raw, Some(&run.channel)).await? {
                 InsertOutcome::Stored | InsertOutcome::Duplicate => {}
@@ -756,6 +915,23 @@ pub async fn fire_schedules(tx: &mut Tx<'_>, community: &str) -> Result<Vec<Stri
     Ok(runs)
 }
 
+/// Whether `caller` owns the workflow and is a member of its channel now
+/// (an owner who left, or was removed, no longer sees its runs: they hold
+/// the channel's messages).
+pub async fn owned_by_member(
+    tx: &mut Tx<'_>,
+    community: &str,
+    workflow_id: &str,
+    caller: &PublicKey,
+) -> Result<Result<(), (u16, &'static str)>, StoreError> {
+    match load_workflow(tx, community, workflow_id).await? {
+        None => Ok(Err((404, "unknown_workflow"))),
+        Some(w) if w.owner != caller.to_bytes() => Ok(Err((403, "not_owner"))),
+        Some(w) if !is_member(tx, community, &w.channel, &w.owner).await? => Ok(Err((403, "not_member"))),
+        Some(_) => Ok(Ok(())),
+    }
+}
+
 /// Whether `caller` owns the workflow: `Ok(channel)` or the API refusal.
 pub async fn owned(
     tx: &mut Tx<'_>,
@@ -833,7 +1009,7 @@ pub async fn list_runs(
 ) -> Result<Vec<Value>, StoreError> {
     let mut q = Q::new(
         "SELECT id, workflow_id, status, current_step, cause_type, cause_id, error, created_at, updated_at, trace, \
-         definition_event_id FROM workflow_runs WHERE community_id = $1",
+         definition_event_id, error_code FROM workflow_runs WHERE community_id = $1",
     )
     .bind(community);
     if let Some(w) = workflow_id {
@@ -864,6 +1040,7 @@ pub async fn list_runs(
                 "updated_at": r.int(8)?,
                 "trace": serde_json::from_str::<Value>(&r.text(9)?).unwrap_or(Value::Null),
                 "definition_event_id": hex::encode(r.blob(10)?),
+                "error_code": r.opt_text(11)?,
             }))
         })
         .collect()
@@ -875,7 +1052,7 @@ pub async fn show_run(tx: &mut Tx<'_>, community: &str, run_id: &str) -> Result<
         .one(
             Q::new(
                 "SELECT id, workflow_id, status, current_step, cause_type, cause_id, error, created_at, updated_at, \
-                 trace, definition_event_id, trigger_context, channel FROM workflow_runs \
+                 trace, definition_event_id, trigger_context, channel, error_code FROM workflow_runs \
                  WHERE community_id = $1 AND id = $2",
             )
             .bind(community)
@@ -896,6 +1073,7 @@ pub async fn show_run(tx: &mut Tx<'_>, community: &str, run_id: &str) -> Result<
             "definition_event_id": hex::encode(r.blob(10)?),
             "trigger_context": serde_json::from_str::<Value>(&r.text(11)?).unwrap_or(Value::Null),
             "channel": r.text(12)?,
+            "error_code": r.opt_text(13)?,
         }))
     })
     .transpose()

@@ -1,0 +1,34 @@
+//! Relay-signed notices in a channel: the visible record of what the relay
+//! did to a member's work (a delivery that failed for good, a workflow
+//! paused). Each is a kind 9 by the community key, stored in the
+//! transaction that made the change, and announced after its commit.
+
+use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, Tag, Timestamp};
+
+use super::db::Tx;
+use super::sqlstore::insert_event_tx;
+use super::StoreError;
+
+/// Signs and stores a notice `text` in `channel`, with `tags` after its
+/// `h` tag. Returns the event and its JSON, to announce after commit.
+pub async fn post(
+    tx: &mut Tx<'_>,
+    community: &str,
+    keys: &Keys,
+    channel: &str,
+    text: String,
+    tags: Vec<Tag>,
+    now: i64,
+) -> Result<(Event, String), StoreError> {
+    let mut all = Vec::with_capacity(tags.len() + 1);
+    all.push(Tag::custom("h", [channel]));
+    all.extend(tags);
+    let ev = EventBuilder::new(Kind::from_u16(protocol::workflow::MESSAGE_KIND), text)
+        .tags(all)
+        .custom_created_at(Timestamp::from_secs(u64::try_from(now).unwrap_or(0)))
+        .finalize(keys)
+        .map_err(|e| StoreError::Corrupt(format!("signing notice: {e}")))?;
+    let raw = serde_json::to_string(&ev).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    insert_event_tx(tx, community, &ev, &raw, Some(channel)).await?;
+    Ok((ev, raw))
+}
