@@ -116,7 +116,7 @@ impl Drop for Tracked {
 /// How long a closed connection's input is still read (and dropped).
 const LINGER: Duration = Duration::from_secs(2);
 /// Input read (and dropped) after close, at most.
-const LINGER_BYTES: usize = 1 << 20;
+const LINGER_BYTES: usize = 4 << 20;
 
 /// Closes a socket the way RFC 6455 and HTTP servers must: send FIN, then
 /// read and drop what the peer still sends until it closes too (bounded in

@@ -79,6 +79,8 @@ impl Store {
 pub struct Relay {
     child: Option<Child>,
     pub addr: SocketAddr,
+    /// Every address it listens on (the first is `addr`).
+    pub addrs: Vec<SocketAddr>,
     pub store: Arc<Store>,
     pub options: RelayOptions,
     log_path: PathBuf,
@@ -97,10 +99,17 @@ impl Relay {
 
     /// Starts a relay on an existing store (a restart, or a second process).
     pub fn start_with(store: Arc<Store>, options: RelayOptions) -> Relay {
-        let (child, addr, log_path) = spawn_process(&store, &options, "127.0.0.1:0");
+        Self::start_listening(store, options, "127.0.0.1:0")
+    }
+
+    /// Starts a relay listening on `listen` (the `--listen` value); `addr`
+    /// is the first address it prints.
+    pub fn start_listening(store: Arc<Store>, options: RelayOptions, listen: &str) -> Relay {
+        let (child, addrs, log_path) = spawn_process(&store, &options, listen);
         Relay {
             child: Some(child),
-            addr,
+            addr: addrs[0],
+            addrs,
             store,
             options,
             log_path,
@@ -145,9 +154,10 @@ impl Relay {
     pub fn restart(&mut self) {
         self.kill();
         let listen = self.addr.to_string();
-        let (child, addr, log_path) = spawn_process(&self.store, &self.options, &listen);
+        let (child, addrs, log_path) = spawn_process(&self.store, &self.options, &listen);
         self.child = Some(child);
-        self.addr = addr;
+        self.addr = addrs[0];
+        self.addrs = addrs;
         self.log_path = log_path;
     }
 
@@ -181,14 +191,61 @@ impl Relay {
     }
 }
 
-/// Runs the relay CLI against a database.
-pub fn run_cli(database_url: &str, args: &[&str]) -> String {
-    let out = Command::new(workspace_bin("relay"))
-        .args(["--database-url", database_url, "--log", "warn"])
-        .args(args)
+/// What a relay process that was expected to stop said.
+#[derive(Debug)]
+pub struct Exited {
+    /// Its exit code (`None`: still running after the wait, then killed).
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs `relay <args>` in `cwd` with `env` (and no `RELAY_CONFIG`), waiting
+/// up to `wait` for it to exit.
+pub fn run_relay(args: &[&str], env: &[(&str, &str)], cwd: &Path, wait: Duration) -> Exited {
+    let mut cmd = Command::new(workspace_bin("relay"));
+    cmd.args(args)
+        .current_dir(cwd)
         .env_remove("RELAY_CONFIG")
-        .output()
-        .expect("run relay cli");
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn relay");
+    let deadline = std::time::Instant::now() + wait;
+    let code = loop {
+        match child.try_wait().expect("wait") {
+            Some(status) => break status.code(),
+            None if std::time::Instant::now() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            None => std::thread::sleep(Duration::from_millis(50)),
+        }
+    };
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    if let Some(mut o) = child.stdout.take() {
+        let _ = o.read_to_string(&mut stdout);
+    }
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut stderr);
+    }
+    Exited { code, stdout, stderr }
+}
+
+/// Runs the relay CLI against a database with extra environment.
+pub fn run_cli_env(database_url: &str, args: &[&str], env: &[(&str, &str)]) -> String {
+    let mut cmd = Command::new(workspace_bin("relay"));
+    cmd.args(["--database-url", database_url, "--log", "warn"])
+        .args(args)
+        .env_remove("RELAY_CONFIG");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run relay cli");
     assert!(
         out.status.success(),
         "relay {args:?} failed: {}",
@@ -197,7 +254,12 @@ pub fn run_cli(database_url: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn spawn_process(store: &Store, options: &RelayOptions, listen: &str) -> (Child, SocketAddr, PathBuf) {
+/// Runs the relay CLI against a database.
+pub fn run_cli(database_url: &str, args: &[&str]) -> String {
+    run_cli_env(database_url, args, &[])
+}
+
+fn spawn_process(store: &Store, options: &RelayOptions, listen: &str) -> (Child, Vec<SocketAddr>, PathBuf) {
     let n = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
@@ -235,12 +297,19 @@ fn spawn_process(store: &Store, options: &RelayOptions, listen: &str) -> (Child,
             panic!("relay did not start; log:\n{}", read_log(&log_path));
         }
     };
-    let addr: SocketAddr = line
-        .split_whitespace()
-        .nth(3)
+    // "relay listening on <addr> backend=<b> [also=<addr> ...]"
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let first: SocketAddr = words
+        .get(3)
         .and_then(|a| a.parse().ok())
         .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
-    (child, addr, log_path)
+    let mut addrs = vec![first];
+    addrs.extend(
+        words
+            .iter()
+            .filter_map(|w| w.strip_prefix("also=")?.parse::<SocketAddr>().ok()),
+    );
+    (child, addrs, log_path)
 }
 
 fn read_log(path: &Path) -> String {

@@ -118,6 +118,18 @@ pub async fn api(relay: &Relay, keys: &Keys, method: &str, path: &str, body: Opt
     .await
 }
 
+/// Finishes delivery `id` as `agent` with `body`.
+pub async fn finish(relay: &Relay, agent: &Keys, id: &str, body: &Value) -> (u16, Value) {
+    api(
+        relay,
+        agent,
+        "POST",
+        &format!("/deliveries/{id}/finish"),
+        Some(body),
+    )
+    .await
+}
+
 /// Claims the oldest due delivery of `agent`.
 pub async fn claim(relay: &Relay, agent: &Keys, body: Value) -> (u16, Value) {
     api(relay, agent, "POST", "/deliveries/claim", Some(&body)).await

@@ -205,7 +205,9 @@ impl WorkflowStore for SqlStore {
     ) -> Result<Answer<(String, bool)>, StoreError> {
         let mut tx = self.pool.begin().await?;
         if let Some(caller) = caller {
-            if let Err((status, code)) = workflows::owned(&mut tx, community, workflow_id, caller).await? {
+            if let Err((status, code)) =
+                workflows::owned(&mut tx, community, workflow_id, caller, false).await?
+            {
                 return Ok(Err(Refusal::new(
                     status,
                     code,
@@ -247,7 +249,7 @@ impl WorkflowStore for SqlStore {
         hash_hex: &str,
     ) -> Result<Answer<()>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        if let Err((status, code)) = workflows::owned(&mut tx, community, workflow_id, caller).await? {
+        if let Err((status, code)) = workflows::owned(&mut tx, community, workflow_id, caller, false).await? {
             return Ok(Err(Refusal::new(
                 status,
                 code,
@@ -278,7 +280,7 @@ impl WorkflowStore for SqlStore {
     ) -> Result<Answer<Vec<Value>>, StoreError> {
         let mut tx = self.pool.read().await?;
         if let (Some(caller), Some(w)) = (caller, workflow_id) {
-            if let Err((status, code)) = workflows::owned_by_member(&mut tx, community, w, caller).await? {
+            if let Err((status, code)) = workflows::owned(&mut tx, community, w, caller, true).await? {
                 return Ok(Err(Refusal::new(
                     status,
                     code,

@@ -915,33 +915,22 @@ pub async fn fire_schedules(tx: &mut Tx<'_>, community: &str) -> Result<Vec<Stri
     Ok(runs)
 }
 
-/// Whether `caller` owns the workflow and is a member of its channel now
-/// (an owner who left, or was removed, no longer sees its runs: they hold
-/// the channel's messages).
-pub async fn owned_by_member(
-    tx: &mut Tx<'_>,
-    community: &str,
-    workflow_id: &str,
-    caller: &PublicKey,
-) -> Result<Result<(), (u16, &'static str)>, StoreError> {
-    match load_workflow(tx, community, workflow_id).await? {
-        None => Ok(Err((404, "unknown_workflow"))),
-        Some(w) if w.owner != caller.to_bytes() => Ok(Err((403, "not_owner"))),
-        Some(w) if !is_member(tx, community, &w.channel, &w.owner).await? => Ok(Err((403, "not_member"))),
-        Some(_) => Ok(Ok(())),
-    }
-}
-
-/// Whether `caller` owns the workflow: `Ok(channel)` or the API refusal.
+/// Whether `caller` owns the workflow, and with `member`, is also a member
+/// of its channel now (an owner who left, or was removed, no longer sees
+/// its runs: they hold the channel's messages). `Err` is the API refusal.
 pub async fn owned(
     tx: &mut Tx<'_>,
     community: &str,
     workflow_id: &str,
     caller: &PublicKey,
+    member: bool,
 ) -> Result<Result<(), (u16, &'static str)>, StoreError> {
     match load_workflow(tx, community, workflow_id).await? {
         None => Ok(Err((404, "unknown_workflow"))),
         Some(w) if w.owner != caller.to_bytes() => Ok(Err((403, "not_owner"))),
+        Some(w) if member && !is_member(tx, community, &w.channel, &w.owner).await? => {
+            Ok(Err((403, "not_member")))
+        }
         Some(_) => Ok(Ok(())),
     }
 }
