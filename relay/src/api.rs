@@ -343,11 +343,11 @@ async fn list_runs(
         .store
         .list_runs(community, Some(&id), Some(&auth.pubkey), q.before, limit)
         .await;
-    answer(r, |runs| {
-        let next = (runs.len() == limit as usize)
-            .then(|| runs.last().map(|r| r["created_at"].clone()))
+    answer(r, |page| {
+        let next = (page.runs.len() == limit as usize || page.cut)
+            .then(|| page.runs.last().map(|r| r["created_at"].clone()))
             .flatten();
-        json!({"runs": runs, "next_before": next})
+        json!({"runs": page.runs, "next_before": next})
     })
 }
 

@@ -211,7 +211,7 @@ pub struct Limits {
     pub max_req_bytes: usize,
     /// Bytes queued for all connections together (relay-wide). Past it,
     /// stored results wait for room, and a connection that is behind
-    /// (more than [`KEEPING_UP_BYTES`] queued) is disconnected rather than
+    /// (more than `outbound::KEEPING_UP_BYTES` queued) is disconnected rather than
     /// given more. A live event queued for many connections counts once.
     pub max_outbound_bytes_total: usize,
     /// Open TCP connections (HTTP and WebSocket) from one IP address; past
@@ -233,10 +233,6 @@ pub struct Limits {
     /// Burst of failed webhook calls from one address above the rate.
     pub webhook_failures_burst: u32,
 }
-
-/// A connection with less than this queued is keeping up with its
-/// stream: the relay-wide output budget never disconnects it.
-pub const KEEPING_UP_BYTES: usize = 64 * 1024;
 
 impl Default for Limits {
     fn default() -> Self {

@@ -268,7 +268,7 @@ async fn runs(cfg: Config, community: &str, command: RunsCommand) -> anyhow::Res
                     .list_runs(community, workflow.as_deref(), None, None, limit)
                     .await?
                 {
-                    Ok(runs) => runs.iter().for_each(|r| println!("{r}")),
+                    Ok(page) => page.runs.iter().for_each(|r| println!("{r}")),
                     Err(r) => anyhow::bail!("{}: {}", r.code, r.message),
                 }
                 Ok(())

@@ -28,14 +28,17 @@ use futures_util::SinkExt;
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
-use crate::config::KEEPING_UP_BYTES;
 use crate::hub::Published;
+
+/// A connection with less than this queued is keeping up with its
+/// stream: the relay-wide output budget never disconnects it.
+pub const KEEPING_UP_BYTES: usize = 64 * 1024;
 
 /// Frames written before one flush, at most.
 const MAX_FRAMES_PER_FLUSH: usize = 64;
 /// Bytes written before one flush, at most (past the first frame): what
 /// the socket's write buffer holds beyond the queue while a flush waits.
-const MAX_BYTES_PER_FLUSH: usize = 256 * 1024;
+const MAX_BYTES_PER_FLUSH: usize = 64 * 1024;
 
 /// The queue would exceed its byte bound (or the writer is gone).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -295,10 +298,11 @@ impl Outbound {
     }
 
     /// Waits up to `deadline` until both the connection's queue and the
-    /// relay-wide budget have room for `want` bytes (or, for a connection
-    /// whose queue is empty, for whatever the budget has: one event larger
-    /// than the room still goes out alone). Returns the room: the bytes
-    /// the caller may now queue with [`Outbound::stored`].
+    /// relay-wide budget have room for `want` bytes, or the connection's
+    /// queue is empty: a reader that keeps up is never held back by
+    /// others' backlog (it then gets at least one event's worth, and one
+    /// event larger than the room still goes out alone). Returns the room:
+    /// the bytes the caller may now queue with [`Outbound::stored`].
     pub async fn wait_room(&self, want: usize, deadline: Duration) -> Result<usize, Overflow> {
         let budget = &self.shared.budget;
         budget.waiting.fetch_add(1, Ordering::SeqCst);
@@ -310,8 +314,8 @@ impl Outbound {
                     return Err(Overflow);
                 }
                 let room = self.max_bytes.saturating_sub(self.queued()).min(budget.room());
-                if room >= want || (self.queued() == 0 && room > 0) {
-                    return Ok(room);
+                if room >= want || self.queued() == 0 {
+                    return Ok(room.max(1));
                 }
                 tokio::select! {
                     _ = mine => {}

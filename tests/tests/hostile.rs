@@ -14,6 +14,7 @@ use tests::{backend_tests, event, event_at, http_raw, now, Backend, Client, Rela
 backend_tests!(
     nul_in_tag_values_is_refused_content_is_not,
     one_failing_event_never_fails_its_batch,
+    one_failing_call_never_fails_its_batch,
     a_second_h_tag_is_refused,
     client_signed_channel_metadata_is_refused,
     finish_replies_meet_event_admission,
@@ -116,6 +117,50 @@ async fn one_failing_event_never_fails_its_batch(backend: Backend) {
         .await
         .unwrap();
     assert_eq!(n, 20);
+}
+
+async fn one_failing_call_never_fails_its_batch(backend: Backend) {
+    // One call writer (PostgreSQL has several, each caller's calls on one),
+    // so that claims and channel messages share its batches; every claim
+    // fails in the database.
+    let relay = Relay::start_opts(
+        &backend,
+        RelayOptions {
+            config_toml: format!("{FAST}[writer]\ncall_writers = 1\n"),
+            env: vec![("RELAY_FAULTS".into(), "claim:error=error".into())],
+        },
+    );
+    let mut fx = Fixture::new(&relay, "calls", 1).await;
+    let agent = fx.agents[0].clone();
+    let posts: Vec<_> = (0..150)
+        .map(|i| event(&fx.owner, 9, &format!("post {i}"), &[&["h", "calls"]]))
+        .collect();
+    let claims = async {
+        let mut answers = Vec::new();
+        for _ in 0..3 {
+            let calls = (0..10).map(|_| tests::workflow::claim(&relay, &agent, json!({})));
+            answers.extend(futures_util::future::join_all(calls).await);
+        }
+        answers
+    };
+    let (posted, claimed) = tokio::join!(pipeline(&mut fx.owner_client, posts), claims);
+    for (text, (ok, msg)) in &posted {
+        assert!(ok, "{text}: {msg}");
+    }
+    for (status, v) in &claimed {
+        assert_eq!(*status, 503, "{v}");
+    }
+    assert!(
+        relay.log().contains("running each call in its own savepoint"),
+        "no batch held a failing call: the test proved nothing"
+    );
+    let mut c = Client::connect(&relay.ws_url()).await;
+    c.auth(&fx.owner).await;
+    let n = c
+        .count("n", vec![json!({"#h": ["calls"], "kinds": [9]})])
+        .await
+        .unwrap();
+    assert_eq!(n, 150);
 }
 
 /// Sends every event, then waits for every OK: (content, (accepted, message)).

@@ -88,7 +88,7 @@ pub trait WorkflowStore: Send + Sync {
         caller: Option<&PublicKey>,
         before: Option<i64>,
         limit: u32,
-    ) -> Result<Answer<Vec<Value>>, StoreError>;
+    ) -> Result<Answer<workflows::RunsPage>, StoreError>;
 
     /// One run.
     async fn show_run(&self, community: &str, run_id: &str) -> Result<Option<Value>, StoreError>;
@@ -277,7 +277,7 @@ impl WorkflowStore for SqlStore {
         caller: Option<&PublicKey>,
         before: Option<i64>,
         limit: u32,
-    ) -> Result<Answer<Vec<Value>>, StoreError> {
+    ) -> Result<Answer<workflows::RunsPage>, StoreError> {
         let mut tx = self.pool.read().await?;
         if let (Some(caller), Some(w)) = (caller, workflow_id) {
             if let Err((status, code)) = workflows::owned(&mut tx, community, w, caller, true).await? {

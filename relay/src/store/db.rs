@@ -171,22 +171,27 @@ async fn take_page<R>(
     use futures_util::TryStreamExt;
     let mut out = Vec::new();
     let mut bytes = 0usize;
-    while out.len() < rows {
+    loop {
         let Some(r) = stream.try_next().await? else {
             return Ok((out, true));
         };
+        if out.len() == rows {
+            // One row past the page: there are more. (Asking for it also
+            // reads the statement's end when there are none, so a page of
+            // exactly `rows` leaves its connection clean.)
+            return Ok((out, false));
+        }
         let row = convert(&r)?;
         let len = match row.0.first() {
             Some(Val::Text(t)) => t.len(),
             _ => 0,
         };
         if !out.is_empty() && bytes + len > max_bytes {
-            break;
+            return Ok((out, false));
         }
         bytes += len;
         out.push(row);
     }
-    Ok((out, false))
 }
 
 /// A statement and its binds.

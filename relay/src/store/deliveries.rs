@@ -322,6 +322,8 @@ pub async fn claim(
         Err(r) => return Ok(Err(r)),
     };
     let now = tx.now().await?;
+    // Test-only: a claim that fails in the database (see `group::run_batch`).
+    faults::check("claim:error")?;
     let token = hex::encode(rand::random::<[u8; 32]>());
     let records = req.records_operations.unwrap_or(false);
     let set = "SET status = 'claimed', attempt = attempt + 1, claim_token = $3, claim_expires_at = $4, \

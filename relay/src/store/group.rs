@@ -8,9 +8,11 @@
 //! transaction. One task now takes every call that is queued (at most
 //! `writer.call_batch`) and runs them in one transaction, back to back.
 //!
-//! Each call runs in its own savepoint, so a call that is refused or fails
-//! is rolled back alone, exactly as if it had had its own transaction, and
-//! the others still commit. No call is answered before the commit that
+//! Each call runs in its own savepoint (a call whose one write is its last
+//! statement needs none; when such a call fails, the batch is run again
+//! with a savepoint for every call), so a call that is refused or fails is
+//! rolled back alone, exactly as if it had had its own transaction, and the
+//! others still commit: one client's failing call never fails another's. No call is answered before the commit that
 //! holds it: an answer is never sent for work that could still be lost.
 //! If the commit fails, every call it held gets the error (nothing of
 //! theirs was stored); the calls that were rolled back keep their answers.
@@ -459,7 +461,22 @@ async fn writer(pool: Pool, origin: String, mut rx: mpsc::Receiver<Job>, batch_m
             starters_first = !starters_first;
             let started = std::time::Instant::now();
             let n = batch.len();
-            let (answers, healthy) = run_batch(&mut conn, &origin, &batch).await;
+            let (answers, healthy) = match run_batch(&mut conn, &origin, &batch, false).await {
+                Ran::Done(answers, healthy) => (answers, healthy),
+                // A call without a savepoint failed: nothing of the batch
+                // was committed. Again, every call in a savepoint, so
+                // that the failing one fails alone.
+                Ran::Again => {
+                    tracing::warn!(
+                        calls = n,
+                        "call batch failed; running each call in its own savepoint"
+                    );
+                    match run_batch(&mut conn, &origin, &batch, true).await {
+                        Ran::Done(answers, healthy) => (answers, healthy),
+                        Ran::Again => unreachable!("every call is guarded on the second run"),
+                    }
+                }
+            };
             tracing::debug!(
                 calls = n,
                 elapsed_us = started.elapsed().as_micros() as u64,
@@ -510,17 +527,27 @@ fn next_batch(waiting: &mut VecDeque<Job>, batch: &mut Vec<Job>, batch_max: usiz
     }
 }
 
+/// What running a batch came to.
+enum Ran {
+    /// One answer per call, in order, and whether the connection is still
+    /// fit for use.
+    Done(Vec<Result<Done, StoreError>>, bool),
+    /// A call that had no savepoint failed, so the transaction is lost
+    /// (nothing was committed): run the batch again with `guard_all`.
+    Again,
+}
+
 /// Runs every call of `batch` in one transaction on `conn`, each call in a
-/// savepoint where it needs one; returns one answer per call, in order,
-/// and whether the connection is still fit for use.
-async fn run_batch(conn: &mut Conn, origin: &str, batch: &[Job]) -> (Vec<Result<Done, StoreError>>, bool) {
-    let fail_all = |e: &StoreError| -> (Vec<Result<Done, StoreError>>, bool) {
+/// savepoint where it needs one (with `guard_all`: every call), so that a
+/// call that is refused or fails is rolled back alone.
+async fn run_batch(conn: &mut Conn, origin: &str, batch: &[Job], guard_all: bool) -> Ran {
+    let fail_all = |e: &StoreError| -> Ran {
         let text = e.to_string();
         let answers = batch
             .iter()
             .map(|_| Err(StoreError::Batch(text.clone())))
             .collect();
-        (answers, false)
+        Ran::Done(answers, false)
     };
     let mut tx = match conn.begin().await {
         Ok(tx) => tx,
@@ -550,7 +577,7 @@ async fn run_batch(conn: &mut Conn, origin: &str, batch: &[Job]) -> (Vec<Result<
         // an error after a first write is undone for that call alone.
         // Savepoints are not released: they nest, at most `call_batch` deep,
         // and the commit keeps every one that was not rolled back.
-        let guarded = !job.call.one_write();
+        let guarded = guard_all || !job.call.one_write();
         let mark = tx.lock_mark();
         if guarded {
             if let Err(e) = tx.exec(Q::new("SAVEPOINT call")).await {
@@ -571,8 +598,9 @@ async fn run_batch(conn: &mut Conn, origin: &str, batch: &[Job]) -> (Vec<Result<
             // An error without a savepoint: PostgreSQL has aborted the
             // transaction, SQLite may have ended it by itself (I/O errors,
             // a full disk), so nothing after it may run in it. Everything is
-            // rolled back and every call of the batch is told to try again.
-            (Err(e), false) => return fail_all(e),
+            // rolled back, and the batch runs again with a savepoint for
+            // every call: one client's failing call never fails another's.
+            (Err(_), false) => return Ran::Again,
         }
         answers.push(answer);
     }
@@ -604,9 +632,9 @@ async fn run_batch(conn: &mut Conn, origin: &str, batch: &[Job]) -> (Vec<Result<
                 *a = Err(StoreError::Batch(text.clone()));
             }
         }
-        return (answers, false);
+        return Ran::Done(answers, false);
     }
-    (answers, true)
+    Ran::Done(answers, true)
 }
 
 #[cfg(test)]

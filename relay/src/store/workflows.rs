@@ -590,14 +590,14 @@ struct Binding<'a> {
 /// every event a client sends (the relay's own events obey the limits it
 /// sets for others): `Err` is why the run fails, `message_too_large` when
 /// the rendered text (rendering stops at `max_event_bytes`) or the signed
-/// event is over `max_event_bytes`.
+/// event is over `max_event_bytes`. `Ok(Ok)` is the event and its JSON.
 fn sign_message(
     keys: &Keys,
     b: &Binding<'_>,
     template: &Template,
     now: i64,
     limits: &Limits,
-) -> Result<Event, RunError> {
+) -> Result<Result<(Event, String), RunError>, StoreError> {
     let too_large = |bytes: String| {
         (
             "message_too_large",
@@ -608,9 +608,10 @@ fn sign_message(
         )
     };
     let ctx = template::context(&b.run.trigger_context, &b.run.trace);
-    let rendered = template
-        .render_bounded(&ctx, limits.max_event_bytes)
-        .map_err(|e| too_large(format!("at least {}", e.at_least)))?;
+    let rendered = match template.render_bounded(&ctx, limits.max_event_bytes) {
+        Ok(text) => text,
+        Err(e) => return Ok(Err(too_large(format!("at least {}", e.at_least)))),
+    };
     let recipients = workflow::recipients(&b.run.owner, template);
     let reply_to = (b.reply_in_thread && b.run.cause.kind == "event").then_some(b.run.cause.id.as_str());
     let tags = workflow::message_tags(&MessageBinding {
@@ -627,17 +628,18 @@ fn sign_message(
         .tags(tags)
         .custom_created_at(Timestamp::from_secs(u64::try_from(now).unwrap_or(0)))
         .finalize(keys)
-        .map_err(|e| ("signing_failed", format!("signing the message: {e}")))?;
+        .map_err(|e| StoreError::Corrupt(format!("signing workflow message: {e}")))?;
+    let raw = serde_json::to_string(&ev).map_err(|e| StoreError::Corrupt(e.to_string()))?;
     let rules = admission::Rules {
         limits,
         community_key: &keys.public_key(),
         now: u64::try_from(now).unwrap_or(0),
     };
-    match admission::check(&ev, ev.as_json().len(), &rules) {
-        Ok(()) => Ok(ev),
+    Ok(match admission::check(&ev, raw.len(), &rules) {
+        Ok(()) => Ok((ev, raw)),
         Err(admission::Refusal::TooLarge { bytes, .. }) => Err(too_large(bytes.to_string())),
         Err(r) => Err(("message_refused", format!("step {}: {r}", b.step_id))),
-    }
+    })
 }
 
 /// Executes the current step of a run, if it is still running, inside `tx`.
@@ -716,14 +718,13 @@ pub async fn execute_step(
                 definition_hex: &definition_hex,
                 reply_in_thread: *reply_in_thread,
             };
-            let ev = match sign_message(keys, &binding, &template, now, limits) {
-                Ok(ev) => ev,
+            let (ev, raw) = match sign_message(keys, &binding, &template, now, limits)? {
+                Ok(signed) => signed,
                 Err(why) => {
                     end_run(tx, community, run_id, "failed", Some(why)).await?;
                     return Ok(out);
                 }
             };
-            let raw = serde_json::to_string(&ev).map_err(|e| StoreError::Corrupt(e.to_string()))?;
             match insert_event_tx(tx, community, &ev, &raw, Some(&run.channel)).await? {
                 InsertOutcome::Stored | InsertOutcome::Duplicate => {}
                 InsertOutcome::Rejected(why) => {
@@ -988,6 +989,19 @@ pub async fn trigger_of(
     row.map(|r| r.text(0)).transpose()
 }
 
+/// Bytes of run traces one page of runs carries, at most (past the first
+/// run): a trace holds up to `MAX_STEPS` messages of up to
+/// `max_event_bytes` each, and a page of 100 such runs would be 400 MB.
+pub const MAX_RUNS_PAGE_BYTES: usize = 4 * 1024 * 1024;
+
+/// A page of runs, newest first; `cut` when it stopped at
+/// [`MAX_RUNS_PAGE_BYTES`] before its limit.
+#[derive(Debug, Default)]
+pub struct RunsPage {
+    pub runs: Vec<Value>,
+    pub cut: bool,
+}
+
 /// A page of a workflow's runs, newest first.
 pub async fn list_runs(
     tx: &mut Tx<'_>,
@@ -995,7 +1009,7 @@ pub async fn list_runs(
     workflow_id: Option<&str>,
     before: Option<i64>,
     limit: u32,
-) -> Result<Vec<Value>, StoreError> {
+) -> Result<RunsPage, StoreError> {
     let mut q = Q::new(
         "SELECT id, workflow_id, status, current_step, cause_type, cause_id, error, created_at, updated_at, trace, \
          definition_event_id, error_code FROM workflow_runs WHERE community_id = $1",
@@ -1016,9 +1030,23 @@ pub async fn list_runs(
     ));
     q = q.bind(i64::from(limit));
     let rows = tx.all(q).await?;
-    rows.iter()
-        .map(|r| {
-            Ok(json!({
+    let mut page = RunsPage::default();
+    let mut bytes = 0usize;
+    for r in &rows {
+        let trace = r.text(9)?;
+        if !page.runs.is_empty() && bytes + trace.len() > MAX_RUNS_PAGE_BYTES {
+            page.cut = true;
+            break;
+        }
+        bytes += trace.len();
+        page.runs.push(run_view(r, &trace)?);
+    }
+    Ok(page)
+}
+
+/// One run as listed.
+fn run_view(r: &Row, trace: &str) -> Result<Value, StoreError> {
+    Ok(json!({
                 "id": r.text(0)?,
                 "workflow_id": r.text(1)?,
                 "status": r.text(2)?,
@@ -1027,12 +1055,10 @@ pub async fn list_runs(
                 "error": r.opt_text(6)?,
                 "created_at": r.int(7)?,
                 "updated_at": r.int(8)?,
-                "trace": serde_json::from_str::<Value>(&r.text(9)?).unwrap_or(Value::Null),
+                "trace": serde_json::from_str::<Value>(trace).unwrap_or(Value::Null),
                 "definition_event_id": hex::encode(r.blob(10)?),
                 "error_code": r.opt_text(11)?,
-            }))
-        })
-        .collect()
+    }))
 }
 
 /// One run by id.

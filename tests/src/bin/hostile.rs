@@ -1,15 +1,17 @@
 //! Memory and connections under attack: the harness behind the figures of
 //! docs/reliability.md ("Hostile clients"). Each scenario plays clients
 //! that never read (or never finish a request) against a relay and prints
-//! the relay process's resident memory (RSS, from /proc) before and during
-//! the attack, or how many of its stalled connections it has closed.
+//! the relay process's anonymous resident memory (`RssAnon` from /proc:
+//! its heap) before and during the attack, or how many of its stalled
+//! connections it has closed.
 //!
 //! cargo run --release -p tests --bin hostile -- --backend sqlite
 //! cargo run --release -p tests --bin hostile -- --url ws://127.0.0.1:7777 --pid <relay pid>
 //!
-//! With `--url` and `--pid` it attacks a relay started elsewhere (another
-//! build, to compare in one run); that relay's event rate limits must let
-//! the preload through.
+//! Each scenario runs against a fresh relay process. With `--url` and
+//! `--pid` it attacks a relay started elsewhere instead (another build, to
+//! compare in one run: run one scenario per fresh process there too);
+//! that relay's event rate limits must let the preload through.
 
 use std::time::{Duration, Instant};
 
@@ -35,6 +37,10 @@ struct Args {
     /// Scenarios (comma separated): req, live, slowloris.
     #[arg(long, default_value = "req,live,slowloris")]
     only: String,
+    /// `req` against `--url`: the store already holds the 1,000 events (a
+    /// relay restarted after a first run), so none are published.
+    #[arg(long)]
+    preloaded: bool,
 }
 
 /// The relay this harness starts: the rate limits let the preload in;
@@ -44,11 +50,14 @@ const HARNESS_TOML: &str = "[limits]\nevents_per_second = 1000000\nevents_burst 
 
 type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
+/// The process's anonymous resident memory (`RssAnon`): its heap. Not the
+/// whole RSS, which also counts the pages of the SQLite file it reads
+/// through its memory map (the kernel's page cache, shared and reclaimable).
 fn rss_mib(pid: u32) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let kib = status
         .lines()
-        .find(|l| l.starts_with("VmRSS:"))
+        .find(|l| l.starts_with("RssAnon:"))
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|kb| kb.parse::<f64>().ok())
         .unwrap_or(0.0);
@@ -113,9 +122,18 @@ async fn publish(url: &str, n: usize, bytes: usize, kind: u16) {
     }
 }
 
-/// Ten clients ask for 1,000 stored events of 120 KB and never read.
-async fn paused_req(url: &str, pid: u32) {
-    publish(url, 1000, 120 * 1024, 1).await;
+/// Ten clients ask for 1,000 stored events of 120 KB and never read. A
+/// relay started here is restarted after the preload, so that the memory
+/// the preload left in the process is not counted (or reused) as the
+/// attack's.
+async fn paused_req(url: &str, mut pid: u32, own: Option<&mut Relay>, preloaded: bool) {
+    if !preloaded {
+        publish(url, 1000, 120 * 1024, 1).await;
+    }
+    if let Some(relay) = own {
+        relay.restart();
+        pid = relay.pid().expect("pid");
+    }
     tokio::time::sleep(Duration::from_secs(2)).await;
     let before = rss_mib(pid);
     let mut held = Vec::new();
@@ -134,13 +152,40 @@ async fn paused_req(url: &str, pid: u32) {
     // still connected, holding what they hold.
     tokio::time::sleep(Duration::from_secs(4)).await;
     let during = rss_mib(pid);
+    drop(held);
+    // What a reader that reads gets (so the figure above is of REQs that
+    // really stream results).
+    let got = read_req(url).await;
     println!(
-        "hostile req: 10 paused REQs of 1,000 x 120 KB stored events: RSS {before:.1} -> {during:.1} MiB \
-         (+{:.1} MiB, {:.1} MiB per subscriber)",
+        "hostile req: 10 paused REQs of 1,000 x 120 KB stored events: heap {before:.1} -> {during:.1} MiB \
+         (+{:.1} MiB, {:.1} MiB per subscriber); a reading client's same REQ got {got} events",
         during - before,
         (during - before) / 10.0
     );
-    drop(held);
+}
+
+/// The number of stored events a reading client gets for the paused REQ.
+async fn read_req(url: &str) -> usize {
+    use futures_util::StreamExt;
+    let mut ws = reading(url).await;
+    ws.send(Message::Text(
+        json!(["REQ", "read", {"kinds": [1], "limit": 1000}])
+            .to_string()
+            .into(),
+    ))
+    .await
+    .unwrap();
+    let mut n = 0;
+    while let Some(Ok(m)) = ws.next().await {
+        if let Message::Text(t) = m {
+            if t.as_str().starts_with("[\"EVENT\"") {
+                n += 1;
+            } else if t.as_str().starts_with("[\"EOSE\"") || t.as_str().starts_with("[\"CLOSED\"") {
+                break;
+            }
+        }
+    }
+    n
 }
 
 /// A hundred anonymous subscribers that never read; 8 MB published.
@@ -163,7 +208,7 @@ async fn paused_live(url: &str, pid: u32) {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let during = rss_mib(pid);
     println!(
-        "hostile live: 100 paused subscribers, 80 x 100 KB published: RSS {before:.1} -> {during:.1} MiB (+{:.1} MiB)",
+        "hostile live: 100 paused subscribers, 80 x 100 KB published: heap {before:.1} -> {during:.1} MiB (+{:.1} MiB)",
         during - before
     );
     drop(held);
@@ -207,33 +252,39 @@ async fn slowloris(url: &str) {
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
-    let own;
-    let (url, pid) = match (&args.url, args.pid) {
-        (Some(u), Some(p)) => (u.clone(), p),
-        _ => {
-            let backend = match args.backend.as_str() {
-                "postgres" => Backend::postgres().expect("PostgreSQL"),
-                _ => Backend::Sqlite,
-            };
-            own = Relay::start_opts(
-                &backend,
-                RelayOptions {
-                    config_toml: HARNESS_TOML.into(),
-                    ..Default::default()
-                },
-            );
-            (own.ws_url(), own.pid().expect("pid"))
+    println!(
+        "hostile backend={} url={}",
+        args.backend,
+        args.url.as_deref().unwrap_or("(own)")
+    );
+    for scenario in args.only.split(',') {
+        // Each scenario against a fresh relay process (started here unless
+        // `--url` names one): memory an earlier one left would blur its RSS.
+        let mut own = None;
+        let (url, pid) = match (&args.url, args.pid) {
+            (Some(u), Some(p)) => (u.clone(), p),
+            _ => {
+                let backend = match args.backend.as_str() {
+                    "postgres" => Backend::postgres().expect("PostgreSQL"),
+                    _ => Backend::Sqlite,
+                };
+                let relay = Relay::start_opts(
+                    &backend,
+                    RelayOptions {
+                        config_toml: HARNESS_TOML.into(),
+                        ..Default::default()
+                    },
+                );
+                let started = (relay.ws_url(), relay.pid().expect("pid"));
+                own = Some(relay);
+                started
+            }
+        };
+        match scenario {
+            "req" => paused_req(&url, pid, own.as_mut(), args.preloaded).await,
+            "live" => paused_live(&url, pid).await,
+            "slowloris" => slowloris(&url).await,
+            other => eprintln!("unknown scenario {other:?}"),
         }
-    };
-    println!("hostile backend={} url={url}", args.backend);
-    let only: Vec<&str> = args.only.split(',').collect();
-    if only.contains(&"req") {
-        paused_req(&url, pid).await;
-    }
-    if only.contains(&"live") {
-        paused_live(&url, pid).await;
-    }
-    if only.contains(&"slowloris") {
-        slowloris(&url).await;
     }
 }
