@@ -1,68 +1,9 @@
-//! Test-only fault injection at named points of the agent's work (claims, handler, finish).
-//!
-//! Compiled only with the `faults` cargo feature (the test harness builds the
-//! agent with it; `cargo run -p agent` and release builds have no hook at
-//! all), and inert unless `AGENT_FAULTS` names a point:
-//!
-//! `AGENT_FAULTS=claim:after=kill*1`
-//!
-//! `error` makes the operation fail there; `kill` sends SIGKILL to this
-//! process there; `*N` limits the fault to the first N hits.
-
-#[cfg(feature = "faults")]
-mod imp {
-    use std::collections::HashMap;
-    use std::sync::{Mutex, OnceLock};
-
-    fn hits() -> &'static Mutex<HashMap<String, u32>> {
-        static HITS: OnceLock<Mutex<HashMap<String, u32>>> = OnceLock::new();
-        HITS.get_or_init(|| Mutex::new(HashMap::new()))
-    }
-
-    pub fn check(point: &str) -> Result<(), String> {
-        let Ok(spec) = std::env::var("AGENT_FAULTS") else {
-            return Ok(());
-        };
-        for item in spec.split(',') {
-            let (name, action) = item.split_once('=').unwrap_or((item, "error"));
-            if name != point {
-                continue;
-            }
-            let (action, limit) = match action.split_once('*') {
-                Some((a, n)) => (a, n.parse::<u32>().unwrap_or(u32::MAX)),
-                None => (action, u32::MAX),
-            };
-            let mut map = hits().lock().unwrap_or_else(|p| p.into_inner());
-            let n = map.entry(point.to_string()).or_insert(0);
-            if *n >= limit {
-                return Ok(());
-            }
-            *n += 1;
-            drop(map);
-            tracing::warn!(point, action, "injected fault");
-            match action {
-                "kill" => {
-                    // SAFETY: signalling our own process.
-                    unsafe {
-                        libc::kill(libc::getpid(), libc::SIGKILL);
-                    }
-                }
-                _ => return Err(format!("injected fault at {point}")),
-            }
-        }
-        Ok(())
-    }
-}
+//! The agent's fault points (test-only; see the `faults` crate): armed by
+//! `AGENT_FAULTS`, e.g. `AGENT_FAULTS=claim:after=kill*1`, compiled in only
+//! with the `faults` cargo feature.
 
 /// Fails (or kills the process) when the fault `point` is armed.
-#[cfg(feature = "faults")]
-pub fn check(point: &str) -> Result<(), String> {
-    imp::check(point)
-}
-
-/// Without the `faults` feature there is no hook.
-#[cfg(not(feature = "faults"))]
 #[inline(always)]
-pub fn check(_point: &str) -> Result<(), String> {
-    Ok(())
+pub fn check(point: &str) -> Result<(), String> {
+    faults::check("AGENT_FAULTS", point).map_err(|e| e.to_string())
 }

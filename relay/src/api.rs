@@ -14,7 +14,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use crate::http::{error, Authed, AuthedCall, Tenant};
+use crate::http::{error, limited, Authed, AuthedCall, Tenant};
 use crate::state::AppState;
 use crate::store::deliveries::{Answer, ClaimRequest, FinishRequest, Refusal};
 use crate::store::StoreError;
@@ -63,22 +63,6 @@ fn body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Refusal> {
         bytes
     };
     serde_json::from_slice(bytes).map_err(|e| Refusal::new(400, "malformed", e.to_string()))
-}
-
-/// Per (community, pubkey) rate limit.
-pub(crate) fn limited(
-    state: &AppState,
-    tenant: &Tenant,
-    caller: &nostr::prelude::PublicKey,
-) -> Option<Response> {
-    let key = format!("{}:{}", tenant.community.id, caller.to_hex());
-    (!state.api_limits.try_take(&key)).then(|| {
-        error(
-            StatusCode::TOO_MANY_REQUESTS,
-            "rate_limited",
-            "too many requests; slow down",
-        )
-    })
 }
 
 async fn claim(State(state): State<Arc<AppState>>, auth: AuthedCall) -> Response {
@@ -175,7 +159,7 @@ async fn finish(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth
         let rules = crate::admission::Rules {
             limits: &state.cfg.limits,
             community_key: auth.tenant.community.pubkey(),
-            now: crate::state::unix_now(),
+            now: crate::clock::unix_now(),
         };
         if let Err(refusal) = crate::admission::check(reply, reply.as_json().len(), &rules) {
             return error(StatusCode::BAD_REQUEST, "bad_reply", refusal.to_string());

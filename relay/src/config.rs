@@ -135,7 +135,7 @@ impl Default for ChannelPolicy {
 impl ChannelPolicy {
     /// Whether an `h`-tagged event of `kind` needs its author to be a member.
     pub fn requires_membership(&self, kind: u16) -> bool {
-        use crate::store::channels::{CREATE_GROUP, JOIN_REQUEST};
+        use protocol::nip29::{CREATE_GROUP, JOIN_REQUEST};
         if kind == CREATE_GROUP || kind == JOIN_REQUEST {
             false
         } else {

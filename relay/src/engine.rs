@@ -14,20 +14,10 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, Timestamp};
-use tokio::sync::Notify;
 
-use crate::state::{unix_now, AppState};
+use crate::clock::unix_now;
+use crate::state::AppState;
 use crate::store::workflows::NewDelivery;
-
-/// Wakes the engine early.
-#[derive(Default)]
-pub struct Kick(Notify);
-
-impl Kick {
-    pub fn kick(&self) {
-        self.0.notify_one();
-    }
-}
 
 /// How long the engine's list of communities is used before it is read
 /// again. Communities are added from the CLI while the relay runs; a pass
@@ -221,7 +211,7 @@ pub async fn run(state: Arc<AppState>) {
         let nap = run_every.min(sweep_every);
         tokio::select! {
             _ = state.shutdown.cancelled() => return,
-            _ = state.kick.0.notified() => {}
+            _ = state.kick.kicked() => {}
             _ = tokio::time::sleep(nap) => {}
         }
     }

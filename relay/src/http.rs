@@ -1,38 +1,19 @@
-//! HTTP surface: host resolution, the WebSocket upgrade, NIP-11 and CORS.
+//! What every HTTP handler shares: the tenant (Host -> community, fail
+//! closed), NIP-98 authentication, bounded body reads, JSON errors and the
+//! API rate limit.
 
 use std::sync::Arc;
 
-use axum::extract::ws::rejection::WebSocketUpgradeRejection;
-use axum::extract::ws::WebSocketUpgrade;
-use axum::extract::{FromRequestParts, State};
+use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::Json;
 use serde_json::json;
-use tower_http::cors::{AllowHeaders, Any, CorsLayer};
 
 use crate::community::Community;
 use crate::state::AppState;
 use crate::store::api::HttpAuthUse;
-
-/// Supported NIPs, as advertised in NIP-11.
-pub const SUPPORTED_NIPS: &[u16] = &[1, 9, 11, 29, 40, 42, 45, 70, 98];
-
-/// Builds the router.
-pub fn router(state: Arc<AppState>) -> Router {
-    let cors = CorsLayer::new()
-        .allow_origin(Any)
-        .allow_methods(Any)
-        .allow_headers(AllowHeaders::mirror_request());
-    Router::new()
-        .route("/", get(root))
-        .route("/me", get(me))
-        .merge(crate::api::routes())
-        .layer(cors)
-        .with_state(state)
-}
 
 /// A JSON error answer: `{"error": code, "message": text}`.
 pub fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
@@ -124,7 +105,7 @@ async fn nip98(
         method: parts.method.as_str(),
         url: &url,
         body: &body,
-        now: crate::state::unix_now(),
+        now: crate::clock::unix_now(),
     };
     let event = protocol::nip98::verify(header, &req)
         .map_err(|e| error(StatusCode::UNAUTHORIZED, e.code(), e.to_string()))?;
@@ -218,115 +199,15 @@ impl axum::extract::FromRequest<Arc<AppState>> for AuthedCall {
     }
 }
 
-/// `GET /me`: who the caller is in this community (NIP-98).
-async fn me(State(state): State<Arc<AppState>>, auth: Authed) -> Response {
-    if let Some(r) = crate::api::limited(&state, &auth.tenant, &auth.pubkey) {
-        return r;
-    }
-    let community = &auth.tenant.community.id;
-    let owner = state.store.agent_owner(community, &auth.pubkey).await;
-    let channels = state.store.channels_of(community, &auth.pubkey).await;
-    match (owner, channels) {
-        (Ok(owner), Ok(channels)) => Json(json!({
-            "pubkey": auth.pubkey.to_hex(),
-            "community": community,
-            "agent_owner": owner.map(|o| o.to_hex()),
-            "channels": channels,
-        }))
-        .into_response(),
-        (Err(e), _) | (_, Err(e)) => {
-            tracing::error!(error = %e, "reading /me failed");
-            error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "storage_unavailable",
-                "try again",
-            )
-        }
-    }
-}
-
-async fn root(
-    State(state): State<Arc<AppState>>,
-    tenant: Tenant,
-    headers: HeaderMap,
-    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
-) -> Response {
-    if let Ok(ws) = ws {
-        if state.shutdown.is_cancelled() {
-            return error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "shutting_down",
-                "the relay is shutting down",
-            );
-        }
-        let hard_cap = state.cfg.limits.max_message_bytes.saturating_mul(2);
-        let tracker = state.tracker.clone();
-        return ws
-            .max_message_size(hard_cap)
-            .max_frame_size(hard_cap)
-            // tungstenite's default (128 KiB, allocated up front) made an idle
-            // connection cost about 140 KiB.
-            .read_buffer_size(state.cfg.limits.ws_read_buffer_bytes)
-            .on_upgrade(move |socket| {
-                tracker.track_future(crate::ws::run(socket, state, tenant.community, tenant.host))
-            });
-    }
-    let wants_nip11 = headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.contains("application/nostr+json"));
-    if wants_nip11 {
-        let mut resp = Json(relay_info(&state, &tenant.community)).into_response();
-        resp.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/nostr+json"),
-        );
-        return resp;
-    }
-    (
-        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        "This is a Nostr relay. Connect with a Nostr client over WebSocket, or ask for NIP-11 with Accept: application/nostr+json.\n",
-    )
-        .into_response()
-}
-
-/// The NIP-11 document of a community.
-pub fn relay_info(state: &AppState, community: &Community) -> serde_json::Value {
-    let l = &state.cfg.limits;
-    let pubkey = community.keys.public_key().to_hex();
-    json!({
-        "name": state.cfg.name,
-        "description": state.cfg.description,
-        "pubkey": pubkey,
-        "self": pubkey,
-        "supported_nips": SUPPORTED_NIPS,
-        "software": "https://github.com/nostr-relay-agent-delivery/relay",
-        "version": env!("CARGO_PKG_VERSION"),
-        "community": community.id,
-        "limitation": {
-            "max_message_length": l.max_message_bytes,
-            "max_subscriptions": l.max_subscriptions,
-            "max_filters": l.max_filters,
-            "max_limit": l.max_limit,
-            "default_limit": l.max_limit,
-            "max_subid_length": protocol::message::MAX_SUBSCRIPTION_ID_CHARS,
-            "max_event_tags": l.max_tags_per_event,
-            "max_content_length": l.max_event_bytes,
-            "created_at_upper_limit": l.max_future_secs,
-            "auth_required": false,
-            "payment_required": false,
-            "restricted_writes": false,
-            "max_event_bytes": l.max_event_bytes,
-            "max_tag_value_bytes": l.max_tag_value_bytes,
-            "max_filter_values": l.max_filter_values,
-            "events_per_second": l.events_per_second,
-            "events_burst": l.events_burst,
-            "max_outbound_bytes": l.max_outbound_bytes,
-            "max_outbound_bytes_total": l.max_outbound_bytes_total,
-            "max_req_bytes": l.max_req_bytes,
-            "max_connections_per_ip": l.max_connections_per_ip,
-            "auth_max_age_secs": l.auth_max_age_secs,
-            "p_gated_kinds": state.cfg.p_gated_kinds,
-        },
+/// Per (community, pubkey) rate limit of the HTTP API: `Some(429)` when
+/// the caller is over it.
+pub fn limited(state: &AppState, tenant: &Tenant, caller: &nostr::prelude::PublicKey) -> Option<Response> {
+    let key = format!("{}:{}", tenant.community.id, caller.to_hex());
+    (!state.api_limits.try_take(&key)).then(|| {
+        error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            "too many requests; slow down",
+        )
     })
 }

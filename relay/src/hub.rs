@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use nostr::prelude::Event;
 use tokio::sync::broadcast;
 
-use crate::outbound::Budget;
+use crate::budget::Budget;
 
 /// One event on its way to live subscribers.
 #[derive(Debug)]

@@ -4,6 +4,8 @@
 
 pub mod admission;
 pub mod api;
+pub mod budget;
+pub mod clock;
 pub mod community;
 pub mod engine;
 
@@ -18,6 +20,7 @@ pub mod listen;
 pub mod outbound;
 pub mod ratelimit;
 pub mod req;
+pub mod routes;
 pub mod server;
 pub mod state;
 pub mod store;

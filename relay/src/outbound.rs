@@ -28,6 +28,7 @@ use futures_util::SinkExt;
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
+pub use crate::budget::Budget;
 use crate::hub::Published;
 
 /// A connection with less than this queued is keeping up with its
@@ -43,51 +44,6 @@ const MAX_BYTES_PER_FLUSH: usize = 64 * 1024;
 /// The queue would exceed its byte bound (or the writer is gone).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Overflow;
-
-/// Bytes queued for all connections together, against one limit.
-#[derive(Debug)]
-pub struct Budget {
-    used: AtomicUsize,
-    limit: usize,
-    /// Tasks in [`Outbound::wait_room`]; releases notify only when some wait.
-    waiting: AtomicUsize,
-    drained: Notify,
-}
-
-impl Budget {
-    pub fn new(limit: usize) -> Arc<Self> {
-        assert!(limit > 0, "validated at load");
-        Arc::new(Self {
-            used: AtomicUsize::new(0),
-            limit,
-            waiting: AtomicUsize::new(0),
-            drained: Notify::new(),
-        })
-    }
-
-    /// Bytes charged now.
-    pub fn used(&self) -> usize {
-        self.used.load(Ordering::SeqCst)
-    }
-
-    /// Charges `n` bytes (always: the caller decided they are queued).
-    pub fn charge(&self, n: usize) {
-        self.used.fetch_add(n, Ordering::SeqCst);
-    }
-
-    /// Releases `n` bytes charged before.
-    pub fn release(&self, n: usize) {
-        let before = self.used.fetch_sub(n, Ordering::SeqCst);
-        debug_assert!(before >= n, "released more than was charged");
-        if self.waiting.load(Ordering::SeqCst) > 0 {
-            self.drained.notify_waiters();
-        }
-    }
-
-    fn room(&self) -> usize {
-        self.limit.saturating_sub(self.used())
-    }
-}
 
 /// One queued frame.
 enum Frame {

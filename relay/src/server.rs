@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 
+use crate::clock::unix_now;
 use crate::config::Config;
-use crate::state::{unix_now, AppState};
+use crate::state::AppState;
 use crate::store::{self, StoreError};
 
 /// Creates the default community on first start (zero-config).
@@ -77,7 +78,7 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
 
     let l = &state.cfg.limits;
     let serving = crate::listen::Serving {
-        app: crate::http::router(state.clone()),
+        app: crate::routes::router(state.clone()),
         cap: crate::listen::PeerCap::new(l.max_connections_per_ip, &l.connection_cap_exempt),
         header_read_timeout: Duration::from_millis(l.header_read_timeout_ms),
         shutdown: state.shutdown.clone(),
@@ -122,8 +123,8 @@ async fn bind_all(listen: &crate::config::Listen) -> anyhow::Result<Vec<tokio::n
     Ok(out)
 }
 
-/// The two errno values `bind_all` tolerates (Linux values; `libc` is an
-/// optional dependency of the test-only fault hooks).
+/// The two errno values `bind_all` tolerates (Linux values; the relay does
+/// not depend on `libc` for two numbers).
 mod libc_codes {
     pub const EAFNOSUPPORT: i32 = 97;
     pub const EADDRNOTAVAIL: i32 = 99;

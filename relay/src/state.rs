@@ -16,6 +16,22 @@ use crate::hub::Hub;
 use crate::store::channels::{self, ChannelView};
 use crate::store::Store;
 
+/// Wakes the workflow engine early (a run may have started); the engine
+/// waits on it between passes.
+#[derive(Default)]
+pub struct Kick(tokio::sync::Notify);
+
+impl Kick {
+    pub fn kick(&self) {
+        self.0.notify_one();
+    }
+
+    /// Resolves at the next kick (or at once if one is pending).
+    pub async fn kicked(&self) {
+        self.0.notified().await;
+    }
+}
+
 /// Everything a connection or HTTP handler needs, shared behind one `Arc`.
 pub struct AppState {
     pub cfg: Arc<Config>,
@@ -29,13 +45,13 @@ pub struct AppState {
     /// Channel state for live read checks.
     pub channels: ChannelCache,
     /// Wakes the workflow engine (a run may have started).
-    pub kick: crate::engine::Kick,
+    pub kick: Kick,
     /// HTTP API rate limits by (community, pubkey).
     pub api_limits: crate::ratelimit::KeyedLimiter,
     /// Failed webhook calls by (community, caller address).
     pub webhook_failures: crate::ratelimit::KeyedLimiter,
     /// Bytes queued for every connection's socket together.
-    pub output: Arc<crate::outbound::Budget>,
+    pub output: Arc<crate::budget::Budget>,
 }
 
 impl AppState {
@@ -45,7 +61,7 @@ impl AppState {
         let l = &cfg.limits;
         let webhook_failures =
             crate::ratelimit::KeyedLimiter::new(l.webhook_failures_per_second, l.webhook_failures_burst);
-        let output = crate::outbound::Budget::new(l.max_outbound_bytes_total);
+        let output = crate::budget::Budget::new(l.max_outbound_bytes_total);
         let keys_dir = cfg.keys_dir.clone();
 
         Self {
@@ -56,7 +72,7 @@ impl AppState {
             shutdown: CancellationToken::new(),
             tracker: TaskTracker::new(),
             channels: ChannelCache::new(CHANNEL_CACHE_ENTRIES),
-            kick: crate::engine::Kick::default(),
+            kick: Kick::default(),
             api_limits: crate::ratelimit::KeyedLimiter::new(api_rate, api_burst),
             webhook_failures,
             output,
@@ -76,18 +92,7 @@ impl AppState {
     }
 }
 
-/// The channel an event belongs to for read rules: its `h` tag, or the `d`
-/// tag of channel metadata (39000-39002).
-pub fn channel_of(event: &Event) -> Option<&str> {
-    if (channels::GROUP_METADATA..=channels::GROUP_MEMBERS).contains(&event.kind.as_u16()) {
-        return event
-            .tags
-            .iter()
-            .find(|t| t.kind() == "d")
-            .and_then(|t| t.content());
-    }
-    channels::h_tag(event)
-}
+pub use protocol::nip29::channel_of;
 
 /// (community, channel) -> state, `None` for "no such channel".
 type ChannelMap = HashMap<(String, String), Option<Arc<ChannelView>>>;
@@ -154,12 +159,4 @@ impl ChannelCache {
         }
         loaded
     }
-}
-
-/// Unix seconds now.
-pub fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
 }

@@ -22,12 +22,13 @@ use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::admission;
+use crate::clock::unix_now;
 use crate::community::Community;
 use crate::hub::Published;
 use crate::outbound::{self, Outbound, Overflow};
 use crate::ratelimit::TokenBucket;
 use crate::req::{Stopped, STORED_RESULTS_DEADLINE};
-use crate::state::{unix_now, AppState};
+use crate::state::AppState;
 use crate::store::channels;
 use crate::store::{InsertOutcome, ReadScope};
 use crate::verify;

@@ -14,19 +14,10 @@ use super::sqlstore::insert_event_tx;
 use super::{InsertOutcome, StoreError};
 use crate::config::ChannelPolicy;
 
-pub const PUT_USER: u16 = 9000;
-pub const REMOVE_USER: u16 = 9001;
-pub const EDIT_METADATA: u16 = 9002;
-pub const CREATE_GROUP: u16 = 9007;
-pub const DELETE_GROUP: u16 = 9008;
-pub const JOIN_REQUEST: u16 = 9021;
-pub const LEAVE_REQUEST: u16 = 9022;
-pub const GROUP_METADATA: u16 = 39000;
-pub const GROUP_ADMINS: u16 = 39001;
-pub const GROUP_MEMBERS: u16 = 39002;
-
-/// Longest channel id accepted.
-pub const MAX_CHANNEL_ID_BYTES: usize = 128;
+pub use protocol::nip29::{
+    changes_channel, h_tag, CREATE_GROUP, DELETE_GROUP, EDIT_METADATA, GROUP_ADMINS, GROUP_MEMBERS,
+    GROUP_METADATA, JOIN_REQUEST, LEAVE_REQUEST, MAX_CHANNEL_ID_BYTES, PUT_USER, REMOVE_USER,
+};
 
 /// A member's role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,21 +62,6 @@ impl ChannelView {
 
 /// Events to announce after commit.
 pub type Published = Vec<(Event, String)>;
-
-/// The channel an event belongs to: its `h` tag.
-pub fn h_tag(event: &Event) -> Option<&str> {
-    event
-        .tags
-        .iter()
-        .find(|t| t.kind() == "h")
-        .and_then(|t| t.content())
-}
-
-/// Whether `kind` changes a channel's membership or metadata (caches of
-/// channel state must forget the channel when one is published).
-pub fn changes_channel(kind: u16) -> bool {
-    matches!(kind, PUT_USER..=LEAVE_REQUEST | GROUP_METADATA..=GROUP_MEMBERS)
-}
 
 /// Whether storing an event of `kind` may make the relay sign and store
 /// fresh channel metadata (39000-39002) with the community key: the kinds

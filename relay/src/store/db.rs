@@ -542,7 +542,7 @@ impl Tx<'_> {
     /// process on the database shares.
     pub async fn now(&mut self) -> Result<i64, StoreError> {
         if self.dialect() == Dialect::Sqlite {
-            return Ok(i64::try_from(crate::state::unix_now()).unwrap_or(i64::MAX));
+            return Ok(i64::try_from(crate::clock::unix_now()).unwrap_or(i64::MAX));
         }
         if let Tx::Postgres(_, PgKnown { now: Some(now), .. }) = self {
             return Ok(*now);

@@ -120,8 +120,8 @@ pub enum StoreError {
     Conflict(String),
     #[error("stored data is not valid: {0}")]
     Corrupt(String),
-    #[error("injected fault at {0}")]
-    Injected(String),
+    #[error(transparent)]
+    Injected(#[from] faults::Injected),
     /// A batched write failed as a whole (the cause, as text).
     #[error("batched write failed: {0}")]
     Batch(String),
@@ -292,7 +292,7 @@ pub async fn open(
         let (main, queries) = postgres::open(url, &cfg.postgres, mode).await?;
         let pool = db::Pool::Postgres { main, queries };
         let store = sqlstore::SqlStore::new(pool, ahead, &cfg.writer)?;
-        store.maintain(crate::state::unix_now()).await?;
+        store.maintain(crate::clock::unix_now()).await?;
         Ok(std::sync::Arc::new(store))
     } else {
         Err(StoreError::Conflict(format!(

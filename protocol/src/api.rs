@@ -1,0 +1,369 @@
+//! The HTTP API's wire contract (PROTOCOL.md sections 4 and 7): every
+//! request and answer body as a type, and the statuses, outcomes and
+//! causes as enums whose serde names are the ones on the wire. The relay
+//! answers with these types and the agent sends and reads them, so neither
+//! writes a body by hand.
+
+use nostr::prelude::Event;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Where a delivery is in its state machine (PROTOCOL.md section 8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeliveryStatus {
+    Pending,
+    Claimed,
+    Delivered,
+    Failed,
+    Expired,
+    Cancelled,
+}
+
+/// What an agent says of an attempt when it finishes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    Delivered,
+    Retry,
+    Failed,
+}
+
+/// Whether a recorded operation only read or also changed something.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Effect {
+    Read,
+    Write,
+}
+
+/// Where a workflow run is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunStatus {
+    Running,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+/// What started a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CauseKind {
+    /// A kind 9 in the channel (`message_posted`).
+    Event,
+    Webhook,
+    Schedule,
+    Manual,
+}
+
+/// The wire names, as SQL stores them too.
+macro_rules! names {
+    ($ty:ident { $($variant:ident => $name:literal),* $(,)? }) => {
+        impl $ty {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [$ty] = &[$($ty::$variant),*];
+
+            /// The name on the wire (and in the database).
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($ty::$variant => $name),*
+                }
+            }
+
+            /// The value named `s`, if any.
+            pub fn parse(s: &str) -> Option<$ty> {
+                match s {
+                    $($name => Some($ty::$variant),)*
+                    _ => None,
+                }
+            }
+        }
+
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+names!(DeliveryStatus {
+    Pending => "pending",
+    Claimed => "claimed",
+    Delivered => "delivered",
+    Failed => "failed",
+    Expired => "expired",
+    Cancelled => "cancelled",
+});
+names!(Outcome { Delivered => "delivered", Retry => "retry", Failed => "failed" });
+names!(Effect { Read => "read", Write => "write" });
+names!(RunStatus {
+    Running => "running",
+    Completed => "completed",
+    Failed => "failed",
+    Cancelled => "cancelled",
+});
+names!(CauseKind {
+    Event => "event",
+    Webhook => "webhook",
+    Schedule => "schedule",
+    Manual => "manual",
+});
+
+impl DeliveryStatus {
+    /// Whether nothing more happens to a delivery in this status.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            DeliveryStatus::Delivered | DeliveryStatus::Failed | DeliveryStatus::Expired | DeliveryStatus::Cancelled
+        )
+    }
+}
+
+/// A refusal's body: `{"error": <code>, "message": <text>}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: String,
+    pub message: String,
+}
+
+/// Bindings a claim by id expects (from the wake hint).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Expected {
+    pub run_id: String,
+    pub step_id: String,
+    pub definition_event_id: String,
+    pub message_event_id: String,
+    pub channel: String,
+}
+
+/// `POST /deliveries/claim`
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected: Option<Expected>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_seconds: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub records_operations: Option<bool>,
+}
+
+/// A claimed delivery: what the agent needs to verify and do the work.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClaimedDelivery {
+    pub id: String,
+    pub workflow_id: String,
+    pub run_id: String,
+    pub step_id: String,
+    pub definition_event_id: String,
+    pub message_event_id: String,
+    pub channel: String,
+    pub target_pubkey: String,
+    pub attempt: u32,
+    pub claim_token: String,
+    pub claim_expires_at: i64,
+    pub expires_at: i64,
+    /// The private trigger context (names the cause).
+    pub trigger_context: Value,
+    /// The run's trace as of the step.
+    pub execution_trace: Value,
+}
+
+/// The answer to a claim: the delivery, or `null` when none was due.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClaimAnswer {
+    pub delivery: Option<ClaimedDelivery>,
+}
+
+/// `POST /deliveries/<id>/renew`
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RenewRequest {
+    pub claim_token: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_seconds: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenewAnswer {
+    pub claim_expires_at: i64,
+}
+
+/// `POST /deliveries/<id>/operations` (record a write before doing it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OperationRequest {
+    pub claim_token: String,
+    pub name: String,
+    pub effect: Effect,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperationAnswer {
+    pub recorded: bool,
+}
+
+/// `POST /deliveries/<id>/finish`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FinishRequest {
+    pub claim_token: String,
+    pub outcome: Outcome,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_code: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_message: Option<String>,
+    /// A kind 9 by the agent in the delivery's channel, stored with the status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply: Option<Event>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FinishAnswer {
+    pub status: DeliveryStatus,
+}
+
+/// A delivery as listed (no token, no private snapshot).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeliveryView {
+    pub id: String,
+    pub workflow_id: String,
+    pub run_id: String,
+    pub step_id: String,
+    pub channel: String,
+    pub target_pubkey: String,
+    pub definition_event_id: String,
+    pub message_event_id: String,
+    pub status: DeliveryStatus,
+    pub attempt: i64,
+    pub max_attempts: i64,
+    pub next_attempt_at: i64,
+    pub claim_expires_at: Option<i64>,
+    pub expires_at: i64,
+    pub failure_code: Option<String>,
+    pub failure_message: Option<String>,
+    pub reply_event_id: Option<String>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// `GET /deliveries`: the caller's own, newest first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeliveriesPage {
+    pub deliveries: Vec<DeliveryView>,
+    /// Ask again with `before=<this>` for the next page.
+    pub next_before: Option<i64>,
+}
+
+/// `POST /workflows/<id>/webhook-secret`: shown once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WebhookSecret {
+    pub secret: String,
+}
+
+/// A started run (`POST /workflows/<id>/runs`, `POST /hooks/<id>`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunStarted {
+    pub run_id: String,
+}
+
+/// What started a run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CauseView {
+    #[serde(rename = "type")]
+    pub kind: CauseKind,
+    pub id: String,
+}
+
+/// A run as listed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunView {
+    pub id: String,
+    pub workflow_id: String,
+    pub status: RunStatus,
+    pub current_step: i64,
+    pub cause: CauseView,
+    pub error: Option<String>,
+    pub error_code: Option<String>,
+    pub created_at: i64,
+    pub updated_at: i64,
+    /// `[{"step", "output"}]` of the steps done.
+    pub trace: Value,
+    pub definition_event_id: String,
+    /// Only when one run is shown: its private trigger context.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger_context: Option<Value>,
+    /// Only when one run is shown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<String>,
+}
+
+/// `GET /workflows/<id>/runs`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunsPage {
+    pub runs: Vec<RunView>,
+    pub next_before: Option<i64>,
+}
+
+/// `GET /me`
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Me {
+    pub pubkey: String,
+    pub community: String,
+    pub agent_owner: Option<String>,
+    pub channels: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn names_are_the_wire_names_both_ways() {
+        for s in DeliveryStatus::ALL {
+            assert_eq!(serde_json::to_value(s).unwrap(), json!(s.as_str()));
+            assert_eq!(DeliveryStatus::parse(s.as_str()), Some(*s));
+        }
+        for o in Outcome::ALL {
+            assert_eq!(serde_json::to_value(o).unwrap(), json!(o.as_str()));
+        }
+        for r in RunStatus::ALL {
+            assert_eq!(serde_json::to_value(r).unwrap(), json!(r.as_str()));
+        }
+        for c in CauseKind::ALL {
+            assert_eq!(serde_json::to_value(c).unwrap(), json!(c.as_str()));
+        }
+        assert_eq!(Outcome::parse("retried"), None);
+        assert!(serde_json::from_value::<Outcome>(json!("retried")).is_err());
+        let terminal: Vec<_> = DeliveryStatus::ALL.iter().filter(|s| s.is_terminal()).collect();
+        assert_eq!(terminal.len(), 4);
+    }
+
+    #[test]
+    fn requests_read_as_the_contract_writes_them() {
+        let claim: ClaimRequest = serde_json::from_value(json!({"delivery_id": "d", "lease_seconds": 30})).unwrap();
+        assert_eq!(claim.delivery_id.as_deref(), Some("d"));
+        assert_eq!(serde_json::to_value(&ClaimRequest::default()).unwrap(), json!({}));
+        assert!(serde_json::from_value::<ClaimRequest>(json!({"delivery": "d"})).is_err());
+        let finish: FinishRequest =
+            serde_json::from_value(json!({"claim_token": "t", "outcome": "retry"})).unwrap();
+        assert_eq!(finish.outcome, Outcome::Retry);
+        assert_eq!(
+            serde_json::to_value(&finish).unwrap(),
+            json!({"claim_token": "t", "outcome": "retry"})
+        );
+        let run = json!({"id": "r", "workflow_id": "w", "status": "failed", "current_step": 1,
+            "cause": {"type": "webhook", "id": "k"}, "error": "x", "error_code": "message_too_large",
+            "created_at": 1, "updated_at": 2, "trace": [], "definition_event_id": "d"});
+        let parsed: RunView = serde_json::from_value(run.clone()).unwrap();
+        assert_eq!(parsed.cause.kind, CauseKind::Webhook);
+        assert_eq!(serde_json::to_value(&parsed).unwrap(), run);
+    }
+}

@@ -1,0 +1,12 @@
+//! This process's clock, in the unit every rule uses: unix seconds.
+//!
+//! (The database clock, which every relay process on one PostgreSQL
+//! database shares, is read through `store::db::Tx::now`.)
+
+/// Unix seconds now (0 if the system clock is before 1970).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
