@@ -1,27 +1,16 @@
-//! The delivery API client (NIP-98 signed HTTP calls).
+//! The delivery API client (NIP-98 signed HTTP calls), speaking the
+//! contract's types (`protocol::api`).
 
 use nostr::prelude::Keys;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use protocol::api::{
+    ClaimAnswer, ClaimRequest, DeliveryStatus, Effect, ErrorBody, FinishAnswer, FinishRequest,
+    OperationAnswer, OperationRequest, RenewAnswer, RenewRequest,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 
 /// A claimed delivery, as the relay answers a claim.
-#[derive(Debug, Clone, Deserialize)]
-pub struct Delivery {
-    pub id: String,
-    pub workflow_id: String,
-    pub run_id: String,
-    pub step_id: String,
-    pub definition_event_id: String,
-    pub message_event_id: String,
-    pub channel: String,
-    pub target_pubkey: String,
-    pub attempt: u32,
-    pub claim_token: String,
-    pub claim_expires_at: i64,
-    pub expires_at: i64,
-    pub trigger_context: Value,
-    pub execution_trace: Value,
-}
+pub use protocol::api::ClaimedDelivery as Delivery;
 
 /// Why a call did not succeed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -65,66 +54,67 @@ impl Api {
         Self { http, base, keys }
     }
 
-    /// One signed call.
-    pub async fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, ApiError> {
+    /// One signed `POST` of `body`, its answer read as `A`.
+    async fn call<B: Serialize, A: DeserializeOwned>(&self, path: &str, body: &B) -> Result<A, ApiError> {
         let url = format!("{}{path}", self.base);
-        let bytes = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
-        let auth = protocol::nip98::header(&self.keys, method, &url, &bytes);
-        let method =
-            reqwest::Method::from_bytes(method.as_bytes()).map_err(|e| ApiError::Transport(e.to_string()))?;
-        let mut req = self.http.request(method, &url).header("Authorization", auth);
-        if !bytes.is_empty() {
-            req = req.header("Content-Type", "application/json").body(bytes);
-        }
-        let resp = req.send().await.map_err(|e| ApiError::Transport(e.to_string()))?;
+        let bytes = serde_json::to_vec(body).map_err(|e| ApiError::Transport(e.to_string()))?;
+        let auth = protocol::nip98::header(&self.keys, "POST", &url, &bytes);
+        let resp = self
+            .http
+            .post(&url)
+            .header("Authorization", auth)
+            .header("Content-Type", "application/json")
+            .body(bytes)
+            .send()
+            .await
+            .map_err(|e| ApiError::Transport(e.to_string()))?;
         let status = resp.status().as_u16();
-        let v: Value = resp
-            .json()
+        let text = resp
+            .text()
             .await
             .map_err(|e| ApiError::Transport(e.to_string()))?;
         if status == 200 {
-            Ok(v)
-        } else {
-            Err(ApiError::Refused {
-                status,
-                code: v["error"].as_str().unwrap_or("unknown").to_string(),
-                message: v["message"].as_str().unwrap_or_default().to_string(),
-            })
+            return serde_json::from_str(&text)
+                .map_err(|e| ApiError::Transport(format!("{path} answer: {e}")));
         }
+        let refusal: Option<ErrorBody> = serde_json::from_str(&text).ok();
+        Err(ApiError::Refused {
+            status,
+            code: refusal
+                .as_ref()
+                .map_or("unknown", |r| r.error.as_str())
+                .to_string(),
+            message: refusal.map(|r| r.message).unwrap_or_default(),
+        })
     }
 
     /// Claims a delivery (by id with expected bindings, or the oldest due).
-    pub async fn claim(&self, body: Value) -> Result<Option<Delivery>, ApiError> {
-        let v = self.call("POST", "/deliveries/claim", Some(&body)).await?;
-        if v["delivery"].is_null() {
-            return Ok(None);
-        }
-        serde_json::from_value(v["delivery"].clone())
-            .map(Some)
-            .map_err(|e| ApiError::Transport(format!("claim answer: {e}")))
+    pub async fn claim(&self, req: &ClaimRequest) -> Result<Option<Delivery>, ApiError> {
+        let answer: ClaimAnswer = self.call("/deliveries/claim", req).await?;
+        Ok(answer.delivery)
     }
 
     pub async fn renew(&self, d: &Delivery, lease_secs: u64) -> Result<i64, ApiError> {
-        let body = json!({"claim_token": d.claim_token, "lease_seconds": lease_secs});
-        let v = self
-            .call("POST", &format!("/deliveries/{}/renew", d.id), Some(&body))
-            .await?;
-        v["claim_expires_at"]
-            .as_i64()
-            .ok_or_else(|| ApiError::Transport("renew answer".into()))
+        let req = RenewRequest {
+            claim_token: d.claim_token.clone(),
+            lease_seconds: Some(lease_secs),
+        };
+        let answer: RenewAnswer = self.call(&format!("/deliveries/{}/renew", d.id), &req).await?;
+        Ok(answer.claim_expires_at)
     }
 
-    pub async fn operation(&self, id: &str, token: &str, name: &str, effect: &str) -> Result<(), ApiError> {
-        let body = json!({"claim_token": token, "name": name, "effect": effect});
-        self.call("POST", &format!("/deliveries/{id}/operations"), Some(&body))
-            .await
-            .map(|_| ())
+    pub async fn operation(&self, id: &str, token: &str, name: &str, effect: Effect) -> Result<(), ApiError> {
+        let req = OperationRequest {
+            claim_token: token.to_string(),
+            name: name.to_string(),
+            effect,
+        };
+        let _: OperationAnswer = self.call(&format!("/deliveries/{id}/operations"), &req).await?;
+        Ok(())
     }
 
-    pub async fn finish(&self, id: &str, body: &Value) -> Result<String, ApiError> {
-        let v = self
-            .call("POST", &format!("/deliveries/{id}/finish"), Some(body))
-            .await?;
-        Ok(v["status"].as_str().unwrap_or_default().to_string())
+    pub async fn finish(&self, id: &str, req: &FinishRequest) -> Result<DeliveryStatus, ApiError> {
+        let answer: FinishAnswer = self.call(&format!("/deliveries/{id}/finish"), req).await?;
+        Ok(answer.status)
     }
 }

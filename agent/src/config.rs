@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
+use protocol::api::Effect;
 use serde::{Deserialize, Serialize};
 
 /// `agent run` settings.
@@ -73,7 +74,7 @@ pub enum HandlerConfig {
         /// What running the command does, recorded before it runs:
         /// `write` (default: a lapsed lease is then never redelivered) or `read`.
         #[serde(default = "default_effect")]
-        effect: String,
+        effect: Effect,
     },
     /// Drives an Agent Client Protocol agent over stdio.
     Acp {
@@ -87,8 +88,8 @@ fn default_timeout() -> u64 {
     300
 }
 
-fn default_effect() -> String {
-    "write".into()
+fn default_effect() -> Effect {
+    Effect::Write
 }
 
 impl AgentConfig {
@@ -123,13 +124,8 @@ impl AgentConfig {
             return Err("max_turn_deliveries > 0 and 0 < reconnect_min_ms <= reconnect_max_ms".into());
         }
         match &self.handler {
-            HandlerConfig::Exec { command, effect, .. } => {
-                if command.is_empty() {
-                    return Err("handler.command must not be empty".into());
-                }
-                if !matches!(effect.as_str(), "read" | "write") {
-                    return Err("handler.effect must be read or write".into());
-                }
+            HandlerConfig::Exec { command, .. } if command.is_empty() => {
+                return Err("handler.command must not be empty".into());
             }
             HandlerConfig::Acp { command, .. } if command.is_empty() => {
                 return Err("handler.command must not be empty".into())

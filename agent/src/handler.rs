@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::{Api, Delivery};
 use crate::config::HandlerConfig;
+use protocol::api::Effect;
 
 /// Longest reply a handler may produce (bytes); longer output is cut.
 pub const MAX_REPLY_BYTES: usize = 32 * 1024;
@@ -91,16 +92,16 @@ impl Ops {
         self.wrote.load(Ordering::SeqCst)
     }
 
-    /// Records `name` with its effect (`read` or `write`); the caller does the
-    /// operation only after this returned `Ok`.
-    pub async fn record(&self, name: &str, effect: &str) -> Result<(), String> {
+    /// Records `name` with its effect; the caller does the operation only
+    /// after this returned `Ok`.
+    pub async fn record(&self, name: &str, effect: Effect) -> Result<(), String> {
         for (id, token) in &self.items {
             self.api
                 .operation(id, token, name, effect)
                 .await
                 .map_err(|e| e.to_string())?;
         }
-        if effect == "write" {
+        if effect == Effect::Write {
             self.wrote.store(true, Ordering::SeqCst);
         }
         Ok(())
@@ -113,7 +114,7 @@ pub enum Handler {
     Exec {
         command: Vec<String>,
         timeout: Duration,
-        effect: String,
+        effect: Effect,
     },
     Acp {
         runner: AcpRunner,
@@ -132,7 +133,7 @@ impl Handler {
             } => Handler::Exec {
                 command: command.clone(),
                 timeout: Duration::from_secs(*timeout_secs),
-                effect: effect.clone(),
+                effect: *effect,
             },
             HandlerConfig::Acp {
                 command,
@@ -148,7 +149,7 @@ impl Handler {
     pub async fn run(&self, turn: &Turn, ops: &Ops, cancel: &CancellationToken) -> Outcome {
         match self {
             Handler::Echo => {
-                if let Err(e) = ops.record("echo", "read").await {
+                if let Err(e) = ops.record("echo", Effect::Read).await {
                     return Outcome::Retry(format!("recording the operation failed: {e}"));
                 }
                 Outcome::Delivered(Some(format!("echo: {}", turn.prompt())))
@@ -157,7 +158,7 @@ impl Handler {
                 command,
                 timeout,
                 effect,
-            } => exec(command, *timeout, effect, turn, ops, cancel).await,
+            } => exec(command, *timeout, *effect, turn, ops, cancel).await,
             Handler::Acp { runner, timeout } => {
                 let work = runner.turn(&turn.channel, turn.prompt(), ops.clone());
                 tokio::select! {
@@ -187,7 +188,7 @@ fn cut(mut s: String) -> String {
 async fn exec(
     command: &[String],
     timeout: Duration,
-    effect: &str,
+    effect: Effect,
     turn: &Turn,
     ops: &Ops,
     cancel: &CancellationToken,
@@ -323,11 +324,11 @@ impl AcpRunner {
 }
 
 /// Maps an ACP tool kind to the effect recorded for it.
-pub fn effect_of(kind: Option<&agent_client_protocol::v1::schema::ToolKind>) -> &'static str {
+pub fn effect_of(kind: Option<&agent_client_protocol::v1::schema::ToolKind>) -> Effect {
     use agent_client_protocol::v1::schema::ToolKind;
     match kind {
-        Some(ToolKind::Read | ToolKind::Search | ToolKind::Think | ToolKind::Fetch) => "read",
-        _ => "write",
+        Some(ToolKind::Read | ToolKind::Search | ToolKind::Think | ToolKind::Fetch) => Effect::Read,
+        _ => Effect::Write,
     }
 }
 

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, PublicKey, Tag};
-use serde_json::{json, Value};
+use protocol::api::{ClaimRequest, FinishRequest, Outcome as WireOutcome};
+use serde_json::Value;
 use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -18,6 +19,22 @@ use crate::config::AgentConfig;
 use crate::handler::{Handler, Ops, Outcome, Turn, TurnItem};
 use crate::relay::{self, Backoff, RelayLink};
 use crate::verify::{self, Trust, Wake};
+
+/// A finish of `d` with `outcome` (no reply).
+fn finish_body(
+    d: &Delivery,
+    outcome: WireOutcome,
+    code: Option<String>,
+    message: Option<String>,
+) -> FinishRequest {
+    FinishRequest {
+        claim_token: d.claim_token.clone(),
+        outcome,
+        failure_code: code,
+        failure_message: message,
+        reply: None,
+    }
+}
 
 /// Wakes remembered per delivery id (to check a later claim against), at most.
 const MAX_REMEMBERED_WAKES: usize = 4_096;
@@ -157,8 +174,12 @@ pub async fn run(cfg: AgentConfig, keys: Keys, shutdown: CancellationToken) -> a
 }
 
 impl Runtime {
-    fn claim_body(&self) -> Value {
-        json!({"lease_seconds": self.cfg.lease_secs, "records_operations": true})
+    fn claim_body(&self) -> ClaimRequest {
+        ClaimRequest {
+            lease_seconds: Some(self.cfg.lease_secs),
+            records_operations: Some(true),
+            ..ClaimRequest::default()
+        }
     }
 
     async fn poll(self: &Arc<Self>) {
@@ -169,7 +190,7 @@ impl Runtime {
             if crate::faults::check("claim:before").is_err() {
                 return;
             }
-            match self.api.claim(self.claim_body()).await {
+            match self.api.claim(&self.claim_body()).await {
                 Ok(Some(d)) => {
                     let _ = crate::faults::check("claim:after");
                     self.accept(d, None).await
@@ -214,13 +235,15 @@ impl Runtime {
             }
         };
         self.remember(&wake);
-        let mut body = self.claim_body();
-        body["delivery_id"] = json!(wake.delivery_id);
-        body["expected"] = wake.expected();
+        let body = ClaimRequest {
+            delivery_id: Some(wake.delivery_id.clone()),
+            expected: Some(wake.expected()),
+            ..self.claim_body()
+        };
         if crate::faults::check("claim:before").is_err() {
             return;
         }
-        match self.api.claim(body).await {
+        match self.api.claim(&body).await {
             Ok(Some(d)) => {
                 let _ = crate::faults::check("claim:after");
                 self.accept(d, Some(wake)).await
@@ -273,26 +296,21 @@ impl Runtime {
             (Err(e), _) | (_, Err(e)) => {
                 // Could not ask: not a verdict on the delivery. Let it be redelivered.
                 tracing::warn!(error = %e, delivery = %d.id, "fetching events failed; retrying later");
-                self.finish(
+                let body = finish_body(
                     &d,
-                    &lease,
-                    json!({"claim_token": d.claim_token, "outcome": "retry",
-                    "failure_message": format!("fetching events: {e}")}),
-                )
-                .await;
+                    WireOutcome::Retry,
+                    None,
+                    Some(format!("fetching events: {e}")),
+                );
+                self.finish(&d, &lease, body).await;
                 return;
             }
         };
         match verify::verify(&d, wake.as_ref(), def.as_ref(), msg.as_ref(), &self.trust) {
             Err(f) => {
                 tracing::warn!(delivery = %d.id, code = f.code, reason = %f.message, "delivery failed verification");
-                self.finish(
-                    &d,
-                    &lease,
-                    json!({"claim_token": d.claim_token, "outcome": "failed",
-                    "failure_code": f.code, "failure_message": f.message}),
-                )
-                .await;
+                let body = finish_body(&d, WireOutcome::Failed, Some(f.code.to_string()), Some(f.message));
+                self.finish(&d, &lease, body).await;
             }
             Ok(v) => {
                 let channel = d.channel.clone();
@@ -326,13 +344,8 @@ impl Runtime {
             let rt = self.clone();
             self.tracker.spawn(async move {
                 let d = &c.item.delivery;
-                rt.finish(
-                    d,
-                    &c.lease,
-                    json!({"claim_token": d.claim_token, "outcome": "retry",
-                    "failure_message": "channel queue full"}),
-                )
-                .await;
+                let body = finish_body(d, WireOutcome::Retry, None, Some("channel queue full".into()));
+                rt.finish(d, &c.lease, body).await;
             });
         }
     }
@@ -403,19 +416,15 @@ impl Runtime {
         for c in &batch {
             let d = &c.item.delivery;
             let body = match &outcome {
-                Outcome::Delivered(_) => {
-                    let mut b = json!({"claim_token": d.claim_token, "outcome": "delivered"});
-                    if let Some(r) = &reply {
-                        b["reply"] = json!(r);
-                    }
-                    b
-                }
+                Outcome::Delivered(_) => FinishRequest {
+                    reply: reply.clone(),
+                    ..finish_body(d, WireOutcome::Delivered, None, None)
+                },
                 Outcome::Retry(why) | Outcome::Interrupted(why) => {
-                    json!({"claim_token": d.claim_token, "outcome": "retry", "failure_message": why})
+                    finish_body(d, WireOutcome::Retry, None, Some(why.clone()))
                 }
                 Outcome::Failed { code, message } => {
-                    json!({"claim_token": d.claim_token, "outcome": "failed",
-                    "failure_code": code, "failure_message": message})
+                    finish_body(d, WireOutcome::Failed, Some(code.clone()), Some(message.clone()))
                 }
             };
             self.finish(d, &c.lease, body).await;
@@ -449,14 +458,14 @@ impl Runtime {
 
     /// Finishes a claim, retrying the same request (same token) until the
     /// relay acknowledges it or the lease is over.
-    async fn finish(&self, d: &Delivery, lease: &Lease, body: Value) {
+    async fn finish(&self, d: &Delivery, lease: &Lease, body: FinishRequest) {
         let mut delay = Duration::from_millis(200);
         loop {
             match self.api.finish(&d.id, &body).await {
                 Ok(status) => {
                     let _ = crate::faults::check("finish:after_ack");
 
-                    tracing::info!(delivery = %d.id, status, "finished");
+                    tracing::info!(delivery = %d.id, status = %status, "finished");
                     break;
                 }
                 Err(e @ ApiError::Transport(_))

@@ -6,7 +6,6 @@
 use nostr::prelude::{Event, PublicKey};
 use protocol::template::{self, Template};
 use protocol::workflow::{self, Step};
-use serde_json::Value;
 
 use crate::api::Delivery;
 
@@ -50,14 +49,14 @@ pub struct Wake {
 
 impl Wake {
     /// The `expected` bindings of a claim by id.
-    pub fn expected(&self) -> Value {
-        serde_json::json!({
-            "run_id": self.run_id,
-            "step_id": self.step_id,
-            "definition_event_id": self.definition_event_id,
-            "message_event_id": self.message_event_id,
-            "channel": self.channel,
-        })
+    pub fn expected(&self) -> protocol::api::Expected {
+        protocol::api::Expected {
+            run_id: self.run_id.clone(),
+            step_id: self.step_id.clone(),
+            definition_event_id: self.definition_event_id.clone(),
+            message_event_id: self.message_event_id.clone(),
+            channel: self.channel.clone(),
+        }
     }
 }
 

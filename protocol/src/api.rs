@@ -117,7 +117,10 @@ impl DeliveryStatus {
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
-            DeliveryStatus::Delivered | DeliveryStatus::Failed | DeliveryStatus::Expired | DeliveryStatus::Cancelled
+            DeliveryStatus::Delivered
+                | DeliveryStatus::Failed
+                | DeliveryStatus::Expired
+                | DeliveryStatus::Cancelled
         )
     }
 }
@@ -348,9 +351,10 @@ mod tests {
 
     #[test]
     fn requests_read_as_the_contract_writes_them() {
-        let claim: ClaimRequest = serde_json::from_value(json!({"delivery_id": "d", "lease_seconds": 30})).unwrap();
+        let claim: ClaimRequest =
+            serde_json::from_value(json!({"delivery_id": "d", "lease_seconds": 30})).unwrap();
         assert_eq!(claim.delivery_id.as_deref(), Some("d"));
-        assert_eq!(serde_json::to_value(&ClaimRequest::default()).unwrap(), json!({}));
+        assert_eq!(serde_json::to_value(ClaimRequest::default()).unwrap(), json!({}));
         assert!(serde_json::from_value::<ClaimRequest>(json!({"delivery": "d"})).is_err());
         let finish: FinishRequest =
             serde_json::from_value(json!({"claim_token": "t", "outcome": "retry"})).unwrap();

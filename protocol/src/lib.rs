@@ -4,6 +4,7 @@
 //! signs. Keeping it pure is what lets the relay and the agent share one
 //! definition of every rule (and lets fuzzers drive it directly).
 
+pub mod api;
 pub mod host;
 pub mod kinds;
 pub mod message;

@@ -10,13 +10,17 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::Deserialize;
+use protocol::api::{
+    ClaimAnswer, ClaimRequest, DeliveriesPage, DeliveryStatus, FinishAnswer, FinishRequest, OperationAnswer,
+    OperationRequest, RenewAnswer, RenewRequest, RunStarted, RunsPage, WebhookSecret,
+};
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use crate::http::{error, limited, Authed, AuthedCall, Tenant};
 use crate::state::AppState;
-use crate::store::deliveries::{Answer, ClaimRequest, FinishRequest, Refusal};
+use crate::store::deliveries::{Answer, Refusal};
 use crate::store::StoreError;
 
 /// The API routes.
@@ -46,8 +50,8 @@ fn unavailable(e: &StoreError) -> Response {
     )
 }
 
-/// Turns a store result into a response.
-fn answer<T>(r: Result<Answer<T>, StoreError>, ok: impl FnOnce(T) -> Value) -> Response {
+/// Turns a store result into a response: the answer `ok` makes of it.
+fn answer<T, A: Serialize>(r: Result<Answer<T>, StoreError>, ok: impl FnOnce(T) -> A) -> Response {
     match r {
         Ok(Ok(v)) => Json(ok(v)).into_response(),
         Ok(Err(refusal)) => refused(refusal),
@@ -55,14 +59,25 @@ fn answer<T>(r: Result<Answer<T>, StoreError>, ok: impl FnOnce(T) -> Value) -> R
     }
 }
 
-/// Parses a JSON body (an empty body is `{}`).
+/// Parses a JSON body (an empty body is `{}`) into its `protocol::api`
+/// type. A field of the contract's enums with an unknown name is refused
+/// with that field's code (`bad_outcome`, `bad_effect`), anything else
+/// malformed with `malformed`.
 fn body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Refusal> {
     let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
         b"{}"
     } else {
         bytes
     };
-    serde_json::from_slice(bytes).map_err(|e| Refusal::new(400, "malformed", e.to_string()))
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let code = match e.path().to_string().as_str() {
+            "outcome" => "bad_outcome",
+            "effect" => "bad_effect",
+            _ => "malformed",
+        };
+        Refusal::new(400, code, e.inner().to_string())
+    })
 }
 
 async fn claim(State(state): State<Arc<AppState>>, auth: AuthedCall) -> Response {
@@ -78,14 +93,9 @@ async fn claim(State(state): State<Arc<AppState>>, auth: AuthedCall) -> Response
         .store
         .claim(community, &auth.spend, &auth.pubkey, &req, &state.cfg.deliveries)
         .await;
-    answer(r, |d| json!({"delivery": d.map(|d| d.claim_view())}))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RenewRequest {
-    claim_token: String,
-    lease_seconds: Option<u64>,
+    answer(r, |d| ClaimAnswer {
+        delivery: d.and_then(|d| d.claim_view()),
+    })
 }
 
 async fn renew(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth: AuthedCall) -> Response {
@@ -109,15 +119,7 @@ async fn renew(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth:
             &state.cfg.deliveries,
         )
         .await;
-    answer(r, |t| json!({"claim_expires_at": t}))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct OperationRequest {
-    claim_token: String,
-    name: String,
-    effect: String,
+    answer(r, |t| RenewAnswer { claim_expires_at: t })
 }
 
 async fn operation(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth: AuthedCall) -> Response {
@@ -138,11 +140,11 @@ async fn operation(State(state): State<Arc<AppState>>, Path(id): Path<String>, a
             &id,
             &req.claim_token,
             &req.name,
-            &req.effect,
+            req.effect,
             &state.cfg.deliveries,
         )
         .await;
-    answer(r, |()| json!({"recorded": true}))
+    answer(r, |()| OperationAnswer { recorded: true })
 }
 
 async fn finish(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth: AuthedCall) -> Response {
@@ -194,7 +196,7 @@ async fn finish(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth
             if replied {
                 state.kick.kick(); // a reply may start workflows that include agents
             }
-            Json(json!({"status": f.status})).into_response()
+            Json(FinishAnswer { status: f.status }).into_response()
         }
         Ok(Err(refusal)) => refused(refusal),
         Err(e) => unavailable(&e),
@@ -216,21 +218,18 @@ async fn list_deliveries(
     if let Some(r) = limited(&state, &auth.tenant, &auth.pubkey) {
         return r;
     }
-    const STATUSES: [&str; 6] = [
-        "pending",
-        "claimed",
-        "delivered",
-        "failed",
-        "expired",
-        "cancelled",
-    ];
-    if q.status.as_deref().is_some_and(|s| !STATUSES.contains(&s)) {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "bad_status",
-            format!("status must be one of {STATUSES:?}"),
-        );
-    }
+    let status = match q.status.as_deref().map(|s| (s, DeliveryStatus::parse(s))) {
+        None => None,
+        Some((_, Some(s))) => Some(s),
+        Some((s, None)) => {
+            let names: Vec<&str> = DeliveryStatus::ALL.iter().map(|s| s.as_str()).collect();
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_status",
+                format!("status {s:?} must be one of {names:?}"),
+            );
+        }
+    };
     let limit = q
         .limit
         .unwrap_or(state.cfg.deliveries.max_page)
@@ -238,21 +237,18 @@ async fn list_deliveries(
     let community = &auth.tenant.community.id;
     let r = state
         .store
-        .list_deliveries(
-            community,
-            Some(&auth.pubkey),
-            q.status.as_deref(),
-            q.before,
-            limit,
-        )
+        .list_deliveries(community, Some(&auth.pubkey), status, q.before, limit)
         .await;
     match r {
         Ok(rows) => {
             let next = (rows.len() == limit as usize)
                 .then(|| rows.last().map(|d| d.created_at))
                 .flatten();
-            Json(json!({"deliveries": rows.iter().map(|d| d.list_view()).collect::<Vec<_>>(), "next_before": next}))
-                .into_response()
+            Json(DeliveriesPage {
+                deliveries: rows.iter().map(|d| d.list_view()).collect(),
+                next_before: next,
+            })
+            .into_response()
         }
         Err(e) => unavailable(&e),
     }
@@ -273,7 +269,7 @@ async fn webhook_secret(
         .store
         .set_webhook_secret(community, &id, &auth.pubkey, &hash)
         .await;
-    answer(r, |()| json!({"secret": secret}))
+    answer(r, |()| WebhookSecret { secret })
 }
 
 async fn manual_run(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth: Authed) -> Response {
@@ -303,7 +299,7 @@ async fn manual_run(State(state): State<Arc<AppState>>, Path(id): Path<String>, 
         .start_run(community, &id, Some(&auth.pubkey), "manual", cause, ctx)
         .await;
     state.kick.kick();
-    answer(r, |(run, _)| json!({"run_id": run}))
+    answer(r, |(run_id, _)| RunStarted { run_id })
 }
 
 #[derive(Deserialize)]
@@ -329,9 +325,12 @@ async fn list_runs(
         .await;
     answer(r, |page| {
         let next = (page.runs.len() == limit as usize || page.cut)
-            .then(|| page.runs.last().map(|r| r["created_at"].clone()))
+            .then(|| page.runs.last().map(|r| r.created_at))
             .flatten();
-        json!({"runs": page.runs, "next_before": next})
+        RunsPage {
+            runs: page.runs,
+            next_before: next,
+        }
     })
 }
 
@@ -431,7 +430,7 @@ async fn webhook(
         .start_run(&community, &id, None, "webhook", cause, json!({"body": data}))
         .await;
     state.kick.kick();
-    answer(r, |(run, _)| json!({"run_id": run}))
+    answer(r, |(run_id, _)| RunStarted { run_id })
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

@@ -9,7 +9,6 @@ use axum::http::request::Parts;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::json;
 
 use crate::community::Community;
 use crate::state::AppState;
@@ -17,7 +16,11 @@ use crate::store::api::HttpAuthUse;
 
 /// A JSON error answer: `{"error": code, "message": text}`.
 pub fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
-    (status, Json(json!({"error": code, "message": message.into()}))).into_response()
+    let body = protocol::api::ErrorBody {
+        error: code.to_string(),
+        message: message.into(),
+    };
+    (status, Json(body)).into_response()
 }
 
 /// The community named by the request's `Host` header (fails closed).

@@ -59,8 +59,8 @@ enum DeliveriesCommand {
     /// Deliveries, newest first.
     List {
         /// Only this status (pending, claimed, delivered, failed, expired, cancelled).
-        #[arg(long)]
-        status: Option<String>,
+        #[arg(long, value_parser = delivery_status)]
+        status: Option<protocol::api::DeliveryStatus>,
         /// Only this target (hex pubkey).
         #[arg(long)]
         target: Option<String>,
@@ -111,6 +111,17 @@ enum CommunityCommand {
         #[arg(long)]
         id: Option<String>,
     },
+}
+
+/// `--status` as the contract names it.
+fn delivery_status(s: &str) -> Result<protocol::api::DeliveryStatus, String> {
+    protocol::api::DeliveryStatus::parse(s).ok_or_else(|| {
+        let names: Vec<&str> = protocol::api::DeliveryStatus::ALL
+            .iter()
+            .map(|s| s.as_str())
+            .collect();
+        format!("a status is one of {}", names.join(", "))
+    })
 }
 
 /// `--listen` checked as it is parsed (so clap reports a bad address).
@@ -235,8 +246,8 @@ async fn deliveries(cfg: Config, community: &str, command: DeliveriesCommand) ->
         match command {
             DeliveriesCommand::List { status, target, limit } => {
                 let target = target.map(|t| nostr::prelude::PublicKey::from_hex(&t)).transpose()?;
-                for d in store.list_deliveries(community, target.as_ref(), status.as_deref(), None, limit).await? {
-                    println!("{}", d.list_view());
+                for d in store.list_deliveries(community, target.as_ref(), status, None, limit).await? {
+                    println!("{}", serde_json::to_string(&d.list_view())?);
                 }
                 Ok(())
             }
@@ -244,7 +255,7 @@ async fn deliveries(cfg: Config, community: &str, command: DeliveriesCommand) ->
                 let Some((d, ops)) = store.show_delivery(community, &id).await? else {
                     anyhow::bail!("no delivery {id} in community {community}");
                 };
-                let mut v = d.list_view();
+                let mut v = serde_json::to_value(d.list_view())?;
                 v["operations"] = ops
                     .iter()
                     .map(|(attempt, name, effect)| serde_json::json!({"attempt": attempt, "name": name, "effect": effect}))
@@ -268,7 +279,11 @@ async fn runs(cfg: Config, community: &str, command: RunsCommand) -> anyhow::Res
                     .list_runs(community, workflow.as_deref(), None, None, limit)
                     .await?
                 {
-                    Ok(page) => page.runs.iter().for_each(|r| println!("{r}")),
+                    Ok(page) => {
+                        for r in &page.runs {
+                            println!("{}", serde_json::to_string(r)?);
+                        }
+                    }
                     Err(r) => anyhow::bail!("{}: {}", r.code, r.message),
                 }
                 Ok(())
@@ -277,7 +292,7 @@ async fn runs(cfg: Config, community: &str, command: RunsCommand) -> anyhow::Res
                 let Some(run) = store.show_run(community, &id).await? else {
                     anyhow::bail!("no run {id} in community {community}");
                 };
-                println!("{run}");
+                println!("{}", serde_json::to_string(&run)?);
                 Ok(())
             }
         }

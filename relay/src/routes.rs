@@ -44,12 +44,12 @@ async fn me(State(state): State<Arc<AppState>>, auth: Authed) -> Response {
     let owner = state.store.agent_owner(community, &auth.pubkey).await;
     let channels = state.store.channels_of(community, &auth.pubkey).await;
     match (owner, channels) {
-        (Ok(owner), Ok(channels)) => Json(json!({
-            "pubkey": auth.pubkey.to_hex(),
-            "community": community,
-            "agent_owner": owner.map(|o| o.to_hex()),
-            "channels": channels,
-        }))
+        (Ok(owner), Ok(channels)) => Json(protocol::api::Me {
+            pubkey: auth.pubkey.to_hex(),
+            community: community.clone(),
+            agent_owner: owner.map(|o| o.to_hex()),
+            channels,
+        })
         .into_response(),
         (Err(e), _) | (_, Err(e)) => {
             tracing::error!(error = %e, "reading /me failed");

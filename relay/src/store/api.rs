@@ -88,10 +88,14 @@ pub trait WorkflowStore: Send + Sync {
         caller: Option<&PublicKey>,
         before: Option<i64>,
         limit: u32,
-    ) -> Result<Answer<workflows::RunsPage>, StoreError>;
+    ) -> Result<Answer<workflows::RunList>, StoreError>;
 
     /// One run.
-    async fn show_run(&self, community: &str, run_id: &str) -> Result<Option<Value>, StoreError>;
+    async fn show_run(
+        &self,
+        community: &str,
+        run_id: &str,
+    ) -> Result<Option<protocol::api::RunView>, StoreError>;
 
     async fn claim(
         &self,
@@ -123,7 +127,7 @@ pub trait WorkflowStore: Send + Sync {
         id: &str,
         token: &str,
         name: &str,
-        effect: &str,
+        effect: protocol::api::Effect,
         cfg: &DeliveryConfig,
     ) -> Result<Answer<()>, StoreError>;
 
@@ -144,7 +148,7 @@ pub trait WorkflowStore: Send + Sync {
         &self,
         community: &str,
         target: Option<&PublicKey>,
-        status: Option<&str>,
+        status: Option<protocol::api::DeliveryStatus>,
         before: Option<i64>,
         limit: u32,
     ) -> Result<Vec<Delivery>, StoreError>;
@@ -277,7 +281,7 @@ impl WorkflowStore for SqlStore {
         caller: Option<&PublicKey>,
         before: Option<i64>,
         limit: u32,
-    ) -> Result<Answer<workflows::RunsPage>, StoreError> {
+    ) -> Result<Answer<workflows::RunList>, StoreError> {
         let mut tx = self.pool.read().await?;
         if let (Some(caller), Some(w)) = (caller, workflow_id) {
             if let Err((status, code)) = workflows::owned(&mut tx, community, w, caller, true).await? {
@@ -298,7 +302,11 @@ impl WorkflowStore for SqlStore {
         .await?))
     }
 
-    async fn show_run(&self, community: &str, run_id: &str) -> Result<Option<Value>, StoreError> {
+    async fn show_run(
+        &self,
+        community: &str,
+        run_id: &str,
+    ) -> Result<Option<protocol::api::RunView>, StoreError> {
         let mut tx = self.pool.read().await?;
         workflows::show_run(&mut tx, community, run_id).await
     }
@@ -358,7 +366,7 @@ impl WorkflowStore for SqlStore {
         id: &str,
         token: &str,
         name: &str,
-        effect: &str,
+        effect: protocol::api::Effect,
         cfg: &DeliveryConfig,
     ) -> Result<Answer<()>, StoreError> {
         let call = Call::Operation {
@@ -367,7 +375,7 @@ impl WorkflowStore for SqlStore {
             id: id.to_string(),
             token: token.to_string(),
             name: name.to_string(),
-            effect: effect.to_string(),
+            effect,
             cfg: cfg.clone(),
         };
         match self.calls.run_spending(*auth, call).await? {
@@ -406,7 +414,7 @@ impl WorkflowStore for SqlStore {
         &self,
         community: &str,
         target: Option<&PublicKey>,
-        status: Option<&str>,
+        status: Option<protocol::api::DeliveryStatus>,
         before: Option<i64>,
         limit: u32,
     ) -> Result<Vec<Delivery>, StoreError> {

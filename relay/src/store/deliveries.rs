@@ -16,8 +16,8 @@
 //! that makes the transition (so exactly once).
 
 use nostr::prelude::{Event, Keys, PublicKey, Tag};
-use serde::Deserialize;
-use serde_json::{json, Value};
+use protocol::api::{ClaimedDelivery, DeliveryStatus as Status, DeliveryView, Effect, Outcome};
+use serde_json::Value;
 
 use super::db::{Dialect, Row, Tx, Q};
 use super::sqlstore::insert_event_tx;
@@ -46,37 +46,7 @@ impl Refusal {
 /// Result of an API call: the answer, or a refusal.
 pub type Answer<T> = Result<T, Refusal>;
 
-/// Bindings a claim by id expects (from the wake hint).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Expected {
-    pub run_id: String,
-    pub step_id: String,
-    pub definition_event_id: String,
-    pub message_event_id: String,
-    pub channel: String,
-}
-
-/// `POST /deliveries/claim`
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ClaimRequest {
-    pub delivery_id: Option<String>,
-    pub expected: Option<Expected>,
-    pub lease_seconds: Option<u64>,
-    pub records_operations: Option<bool>,
-}
-
-/// `POST /deliveries/<id>/finish`
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FinishRequest {
-    pub claim_token: String,
-    pub outcome: String,
-    pub failure_code: Option<String>,
-    pub failure_message: Option<String>,
-    pub reply: Option<Event>,
-}
+pub use protocol::api::{ClaimRequest, Expected, FinishRequest};
 
 const COLS: &str = "id, workflow_id, run_id, step_id, target_pubkey, channel, definition_event_id, \
     message_event_id, status, attempt, max_attempts, claim_token, claim_expires_at, records_operations, \
@@ -94,7 +64,7 @@ pub struct Delivery {
     pub channel: String,
     pub definition_event_id: [u8; 32],
     pub message_event_id: [u8; 32],
-    pub status: String,
+    pub status: Status,
     pub attempt: i64,
     pub max_attempts: i64,
     pub claim_token: Option<String>,
@@ -108,14 +78,19 @@ pub struct Delivery {
     pub failure_message: Option<String>,
     pub reply_event_id: Option<Vec<u8>>,
     pub finished_token: Option<String>,
-    pub finished_outcome: Option<String>,
-    pub finished_status: Option<String>,
+    pub finished_outcome: Option<Outcome>,
+    pub finished_status: Option<Status>,
     pub created_at: i64,
     pub updated_at: i64,
 }
 
 /// How many columns [`COLS`] names.
 const COLS_N: usize = 26;
+
+/// A stored name (status, outcome) as its type.
+fn named<T>(s: &str, parse: fn(&str) -> Option<T>) -> Result<T, StoreError> {
+    parse(s).ok_or_else(|| StoreError::Corrupt(format!("unknown stored name {s:?}")))
+}
 
 fn delivery(r: &Row) -> Result<Delivery, StoreError> {
     Ok(Delivery {
@@ -127,7 +102,7 @@ fn delivery(r: &Row) -> Result<Delivery, StoreError> {
         channel: r.text(5)?,
         definition_event_id: r.id32(6)?,
         message_event_id: r.id32(7)?,
-        status: r.text(8)?,
+        status: named(&r.text(8)?, Status::parse)?,
         attempt: r.int(9)?,
         max_attempts: r.int(10)?,
         claim_token: r.opt_text(11)?,
@@ -144,57 +119,58 @@ fn delivery(r: &Row) -> Result<Delivery, StoreError> {
             _ => None,
         },
         finished_token: r.opt_text(21)?,
-        finished_outcome: r.opt_text(22)?,
-        finished_status: r.opt_text(23)?,
+        finished_outcome: r.opt_text(22)?.map(|o| named(&o, Outcome::parse)).transpose()?,
+        finished_status: r.opt_text(23)?.map(|s| named(&s, Status::parse)).transpose()?,
         created_at: r.int(24)?,
         updated_at: r.int(25)?,
     })
 }
 
 impl Delivery {
-    /// The claim answer (PROTOCOL.md section 7).
-    pub fn claim_view(&self) -> Value {
-        json!({
-            "id": self.id,
-            "workflow_id": self.workflow_id,
-            "run_id": self.run_id,
-            "step_id": self.step_id,
-            "definition_event_id": hex::encode(self.definition_event_id),
-            "message_event_id": hex::encode(self.message_event_id),
-            "channel": self.channel,
-            "target_pubkey": hex::encode(self.target),
-            "attempt": self.attempt,
-            "claim_token": self.claim_token,
-            "claim_expires_at": self.claim_expires_at,
-            "expires_at": self.expires_at,
-            "trigger_context": serde_json::from_str::<Value>(&self.trigger_context).unwrap_or(Value::Null),
-            "execution_trace": serde_json::from_str::<Value>(&self.execution_trace).unwrap_or(Value::Null),
+    /// The claim answer (PROTOCOL.md section 7); `None` for a row that
+    /// is not claimed (it has no token).
+    pub fn claim_view(&self) -> Option<ClaimedDelivery> {
+        Some(ClaimedDelivery {
+            id: self.id.clone(),
+            workflow_id: self.workflow_id.clone(),
+            run_id: self.run_id.clone(),
+            step_id: self.step_id.clone(),
+            definition_event_id: hex::encode(self.definition_event_id),
+            message_event_id: hex::encode(self.message_event_id),
+            channel: self.channel.clone(),
+            target_pubkey: hex::encode(self.target),
+            attempt: u32::try_from(self.attempt).unwrap_or(u32::MAX),
+            claim_token: self.claim_token.clone()?,
+            claim_expires_at: self.claim_expires_at?,
+            expires_at: self.expires_at,
+            trigger_context: serde_json::from_str::<Value>(&self.trigger_context).unwrap_or(Value::Null),
+            execution_trace: serde_json::from_str::<Value>(&self.execution_trace).unwrap_or(Value::Null),
         })
     }
 
     /// The listing view (no token, no private snapshot).
-    pub fn list_view(&self) -> Value {
-        json!({
-            "id": self.id,
-            "workflow_id": self.workflow_id,
-            "run_id": self.run_id,
-            "step_id": self.step_id,
-            "channel": self.channel,
-            "target_pubkey": hex::encode(self.target),
-            "definition_event_id": hex::encode(self.definition_event_id),
-            "message_event_id": hex::encode(self.message_event_id),
-            "status": self.status,
-            "attempt": self.attempt,
-            "max_attempts": self.max_attempts,
-            "next_attempt_at": self.next_attempt_at,
-            "claim_expires_at": self.claim_expires_at,
-            "expires_at": self.expires_at,
-            "failure_code": self.failure_code,
-            "failure_message": self.failure_message,
-            "reply_event_id": self.reply_event_id.as_ref().map(hex::encode),
-            "created_at": self.created_at,
-            "updated_at": self.updated_at,
-        })
+    pub fn list_view(&self) -> DeliveryView {
+        DeliveryView {
+            id: self.id.clone(),
+            workflow_id: self.workflow_id.clone(),
+            run_id: self.run_id.clone(),
+            step_id: self.step_id.clone(),
+            channel: self.channel.clone(),
+            target_pubkey: hex::encode(self.target),
+            definition_event_id: hex::encode(self.definition_event_id),
+            message_event_id: hex::encode(self.message_event_id),
+            status: self.status,
+            attempt: self.attempt,
+            max_attempts: self.max_attempts,
+            next_attempt_at: self.next_attempt_at,
+            claim_expires_at: self.claim_expires_at,
+            expires_at: self.expires_at,
+            failure_code: self.failure_code.clone(),
+            failure_message: self.failure_message.clone(),
+            reply_event_id: self.reply_event_id.as_ref().map(hex::encode),
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+        }
     }
 }
 
@@ -257,7 +233,7 @@ fn check_fence(d: Delivery, caller: &PublicKey, token: &str, now: i64) -> Answer
             "this delivery is for another agent",
         ));
     }
-    if d.status == "cancelled" {
+    if d.status == Status::Cancelled {
         return Err(Refusal::new(410, "cancelled", "this delivery was cancelled"));
     }
     if d.claim_token.as_deref() != Some(token) {
@@ -267,7 +243,7 @@ fn check_fence(d: Delivery, caller: &PublicKey, token: &str, now: i64) -> Answer
             "the claim token is not the current one",
         ));
     }
-    if d.status != "claimed" {
+    if d.status != Status::Claimed {
         return Err(Refusal::new(
             409,
             "not_claimed",
@@ -374,7 +350,7 @@ pub async fn claim(
                 "this delivery is for another agent",
             )));
         }
-        if d.status == "cancelled" {
+        if d.status == Status::Cancelled {
             return Ok(Err(Refusal::new(410, "cancelled", "this delivery was cancelled")));
         }
         if let Some(e) = &req.expected {
@@ -389,7 +365,7 @@ pub async fn claim(
                 return Ok(Ok(None));
             }
         }
-        if d.status != "pending" || d.next_attempt_at > now || d.expires_at <= now {
+        if d.status != Status::Pending || d.next_attempt_at > now || d.expires_at <= now {
             return Ok(Ok(None));
         }
         if now + lease > d.expires_at {
@@ -479,16 +455,9 @@ pub async fn record_operation(
     id: &str,
     token: &str,
     name: &str,
-    effect: &str,
+    effect: Effect,
     cfg: &DeliveryConfig,
 ) -> Result<Answer<()>, StoreError> {
-    if !matches!(effect, "read" | "write") {
-        return Ok(Err(Refusal::new(
-            400,
-            "bad_effect",
-            "effect must be \"read\" or \"write\"",
-        )));
-    }
     if name.is_empty() || name.len() > 256 {
         return Ok(Err(Refusal::new(400, "bad_name", "name must be 1 to 256 bytes")));
     }
@@ -527,7 +496,7 @@ pub async fn record_operation(
         .bind(d.attempt)
         .bind(count + 1)
         .bind(name)
-        .bind(effect)
+        .bind(effect.as_str())
         .bind(now),
     )
     .await?;
@@ -584,11 +553,12 @@ async fn fail(
     community: &str,
     keys: &Keys,
     d: &Delivery,
-    status: &str,
+    status: Status,
     code: &str,
     message: Option<&str>,
     now: i64,
 ) -> Result<(Event, String), StoreError> {
+    debug_assert!(status.is_terminal() && status != Status::Delivered);
     tx.exec(
         Q::new(
             "UPDATE workflow_agent_deliveries SET status = $3, failure_code = $4, failure_message = $5, \
@@ -596,7 +566,7 @@ async fn fail(
         )
         .bind(community)
         .bind(d.id.as_str())
-        .bind(status)
+        .bind(status.as_str())
         .bind(code)
         .bind(message.map(str::to_string))
         .bind(now),
@@ -608,7 +578,7 @@ async fn fail(
 /// What a finish did.
 #[derive(Debug)]
 pub struct Finished {
-    pub status: String,
+    pub status: Status,
     /// Events to announce (reply, notice).
     pub published: Vec<(Event, String)>,
 }
@@ -648,13 +618,6 @@ pub async fn finish(
     req: &FinishRequest,
     cfg: &DeliveryConfig,
 ) -> Result<Answer<Finished>, StoreError> {
-    if !matches!(req.outcome.as_str(), "delivered" | "retry" | "failed") {
-        return Ok(Err(Refusal::new(
-            400,
-            "bad_outcome",
-            "outcome must be delivered, retry or failed",
-        )));
-    }
     let now = tx.now().await?;
     let Some((d, member)) = load_with_membership(tx, community, id).await? else {
         return Ok(Err(Refusal::new(
@@ -672,9 +635,9 @@ pub async fn finish(
     }
     // The same finish again, after it succeeded: the same answer.
     if d.finished_token.as_deref() == Some(req.claim_token.as_str())
-        && d.finished_outcome.as_deref() == Some(req.outcome.as_str())
+        && d.finished_outcome == Some(req.outcome)
     {
-        let status = d.finished_status.clone().unwrap_or_else(|| d.status.clone());
+        let status = d.finished_status.unwrap_or(d.status);
         return Ok(Ok(Finished {
             status,
             published: Vec::new(),
@@ -699,10 +662,10 @@ pub async fn finish(
         reply_id = Some(reply.id.to_bytes());
     }
     faults::check("finish:after_reply")?;
-    let status = match req.outcome.as_str() {
+    let status = match req.outcome {
         // The status and the finish record below in one statement.
-        "delivered" => "delivered",
-        "retry" if d.attempt < d.max_attempts => {
+        Outcome::Delivered => Status::Delivered,
+        Outcome::Retry if d.attempt < d.max_attempts => {
             let attempt = u32::try_from(d.attempt).unwrap_or(u32::MAX);
             let next = now + i64::try_from(cfg.backoff_secs(attempt)).unwrap_or(i64::MAX);
             tx.exec(
@@ -717,13 +680,25 @@ pub async fn finish(
                 .bind(now),
             )
             .await?;
-            "pending"
+            Status::Pending
         }
-        "retry" => {
-            published.push(fail(tx, community, keys, &d, "failed", "attempts_exhausted", None, now).await?);
-            "failed"
+        Outcome::Retry => {
+            published.push(
+                fail(
+                    tx,
+                    community,
+                    keys,
+                    &d,
+                    Status::Failed,
+                    "attempts_exhausted",
+                    None,
+                    now,
+                )
+                .await?,
+            );
+            Status::Failed
         }
-        _ => {
+        Outcome::Failed => {
             let code = req
                 .failure_code
                 .as_deref()
@@ -733,12 +708,24 @@ pub async fn finish(
                 .failure_message
                 .as_deref()
                 .map(|m| m.chars().take(1000).collect::<String>());
-            published.push(fail(tx, community, keys, &d, "failed", code, message.as_deref(), now).await?);
-            "failed"
+            published.push(
+                fail(
+                    tx,
+                    community,
+                    keys,
+                    &d,
+                    Status::Failed,
+                    code,
+                    message.as_deref(),
+                    now,
+                )
+                .await?,
+            );
+            Status::Failed
         }
     };
     // A delivered row leaves `claimed` here; the other outcomes moved above.
-    let delivered = status == "delivered";
+    let delivered = status == Status::Delivered;
     tx.exec(
         Q::new(
             "UPDATE workflow_agent_deliveries SET finished_token = $3, finished_outcome = $4, finished_status = $5, \
@@ -752,17 +739,14 @@ pub async fn finish(
         .bind(id)
         .bind(req.claim_token.as_str())
         .bind(req.outcome.as_str())
-        .bind(status)
+        .bind(status.as_str())
         .bind(reply_id.map(|r| r.to_vec()))
         .bind(delivered)
         .bind(now),
     )
     .await?;
     faults::check("finish:after_status")?;
-    Ok(Ok(Finished {
-        status: status.to_string(),
-        published,
-    }))
+    Ok(Ok(Finished { status, published }))
 }
 
 /// Expires unclaimed rows past their lifetime and ends lapsed leases.
@@ -801,7 +785,7 @@ pub async fn sweep(
         .await?;
     for r in &expired {
         let d = delivery(r)?;
-        published.push(fail(tx, community, keys, &d, "expired", "expired", None, now).await?);
+        published.push(fail(tx, community, keys, &d, Status::Expired, "expired", None, now).await?);
         faults::check("sweep:after_transition")?;
     }
     let lapsed = tx
@@ -842,7 +826,19 @@ pub async fn sweep(
             )
             .await?;
         } else {
-            published.push(fail(tx, community, keys, &d, "failed", "lease_expired", None, now).await?);
+            published.push(
+                fail(
+                    tx,
+                    community,
+                    keys,
+                    &d,
+                    Status::Failed,
+                    "lease_expired",
+                    None,
+                    now,
+                )
+                .await?,
+            );
         }
         faults::check("sweep:after_transition")?;
     }
@@ -854,7 +850,7 @@ pub async fn list_own(
     tx: &mut Tx<'_>,
     community: &str,
     target: Option<&PublicKey>,
-    status: Option<&str>,
+    status: Option<Status>,
     before: Option<i64>,
     limit: u32,
 ) -> Result<Vec<Delivery>, StoreError> {
@@ -869,7 +865,7 @@ pub async fn list_own(
     }
     if let Some(s) = status {
         q.sql.push_str(&format!(" AND status = ${}", q.binds.len() + 1));
-        q = q.bind(s);
+        q = q.bind(s.as_str());
     }
     if let Some(b) = before {
         q.sql

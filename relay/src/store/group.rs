@@ -58,7 +58,7 @@ pub(crate) enum Call {
         id: String,
         token: String,
         name: String,
-        effect: String,
+        effect: protocol::api::Effect,
         cfg: DeliveryConfig,
     },
     Finish {
@@ -149,7 +149,7 @@ impl Call {
                 effect,
                 cfg,
             } => Done::Operation(
-                deliveries::record_operation(tx, community, caller, id, token, name, effect, cfg).await?,
+                deliveries::record_operation(tx, community, caller, id, token, name, *effect, cfg).await?,
             ),
             Call::Finish {
                 community,
@@ -236,7 +236,7 @@ impl Call {
                     .iter()
                     .map(|r| author_lock_key(community, &r.pubkey))
                     .collect();
-                if req.outcome != "delivered" {
+                if req.outcome != protocol::api::Outcome::Delivered {
                     out.push(author_lock_key(community, &keys.public_key()));
                 }
                 out

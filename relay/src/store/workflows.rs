@@ -9,6 +9,7 @@
 //! (`ON CONFLICT DO NOTHING`), so nothing is duplicated.
 
 use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, PublicKey, Tag, Timestamp};
+use protocol::api::{CauseKind, CauseView, RunStatus, RunView};
 use protocol::template::{self, Template};
 use protocol::workflow::{self, Cause, Definition, MessageBinding, Step, Trigger, Validated};
 use serde_json::{json, Value};
@@ -997,8 +998,8 @@ pub const MAX_RUNS_PAGE_BYTES: usize = 4 * 1024 * 1024;
 /// A page of runs, newest first; `cut` when it stopped at
 /// [`MAX_RUNS_PAGE_BYTES`] before its limit.
 #[derive(Debug, Default)]
-pub struct RunsPage {
-    pub runs: Vec<Value>,
+pub struct RunList {
+    pub runs: Vec<RunView>,
     pub cut: bool,
 }
 
@@ -1009,7 +1010,7 @@ pub async fn list_runs(
     workflow_id: Option<&str>,
     before: Option<i64>,
     limit: u32,
-) -> Result<RunsPage, StoreError> {
+) -> Result<RunList, StoreError> {
     let mut q = Q::new(
         "SELECT id, workflow_id, status, current_step, cause_type, cause_id, error, created_at, updated_at, trace, \
          definition_event_id, error_code FROM workflow_runs WHERE community_id = $1",
@@ -1030,7 +1031,7 @@ pub async fn list_runs(
     ));
     q = q.bind(i64::from(limit));
     let rows = tx.all(q).await?;
-    let mut page = RunsPage::default();
+    let mut page = RunList::default();
     let mut bytes = 0usize;
     for r in &rows {
         let trace = r.text(9)?;
@@ -1045,29 +1046,39 @@ pub async fn list_runs(
 }
 
 /// One run as listed.
-fn run_view(r: &Row, trace: &str) -> Result<Value, StoreError> {
-    Ok(json!({
-                "id": r.text(0)?,
-                "workflow_id": r.text(1)?,
-                "status": r.text(2)?,
-                "current_step": r.int(3)?,
-                "cause": {"type": r.text(4)?, "id": r.text(5)?},
-                "error": r.opt_text(6)?,
-                "created_at": r.int(7)?,
-                "updated_at": r.int(8)?,
-                "trace": serde_json::from_str::<Value>(trace).unwrap_or(Value::Null),
-                "definition_event_id": hex::encode(r.blob(10)?),
-                "error_code": r.opt_text(11)?,
-    }))
+fn run_view(r: &Row, trace: &str) -> Result<RunView, StoreError> {
+    let name = |i: usize| -> Result<String, StoreError> { r.text(i) };
+    let status = name(2)?;
+    let cause = name(4)?;
+    Ok(RunView {
+        id: name(0)?,
+        workflow_id: name(1)?,
+        status: RunStatus::parse(&status)
+            .ok_or_else(|| StoreError::Corrupt(format!("unknown run status {status:?}")))?,
+        current_step: r.int(3)?,
+        cause: CauseView {
+            kind: CauseKind::parse(&cause)
+                .ok_or_else(|| StoreError::Corrupt(format!("unknown cause {cause:?}")))?,
+            id: name(5)?,
+        },
+        error: r.opt_text(6)?,
+        created_at: r.int(7)?,
+        updated_at: r.int(8)?,
+        trace: serde_json::from_str::<Value>(trace).unwrap_or(Value::Null),
+        definition_event_id: hex::encode(r.blob(10)?),
+        error_code: r.opt_text(11)?,
+        trigger_context: None,
+        channel: None,
+    })
 }
 
-/// One run by id.
-pub async fn show_run(tx: &mut Tx<'_>, community: &str, run_id: &str) -> Result<Option<Value>, StoreError> {
+/// One run by id, with its trigger context and channel.
+pub async fn show_run(tx: &mut Tx<'_>, community: &str, run_id: &str) -> Result<Option<RunView>, StoreError> {
     let row = tx
         .one(
             Q::new(
                 "SELECT id, workflow_id, status, current_step, cause_type, cause_id, error, created_at, updated_at, \
-                 trace, definition_event_id, trigger_context, channel, error_code FROM workflow_runs \
+                 trace, definition_event_id, error_code, trigger_context, channel FROM workflow_runs \
                  WHERE community_id = $1 AND id = $2",
             )
             .bind(community)
@@ -1075,21 +1086,10 @@ pub async fn show_run(tx: &mut Tx<'_>, community: &str, run_id: &str) -> Result<
         )
         .await?;
     row.map(|r| {
-        Ok(json!({
-            "id": r.text(0)?,
-            "workflow_id": r.text(1)?,
-            "status": r.text(2)?,
-            "current_step": r.int(3)?,
-            "cause": {"type": r.text(4)?, "id": r.text(5)?},
-            "error": r.opt_text(6)?,
-            "created_at": r.int(7)?,
-            "updated_at": r.int(8)?,
-            "trace": serde_json::from_str::<Value>(&r.text(9)?).unwrap_or(Value::Null),
-            "definition_event_id": hex::encode(r.blob(10)?),
-            "trigger_context": serde_json::from_str::<Value>(&r.text(11)?).unwrap_or(Value::Null),
-            "channel": r.text(12)?,
-            "error_code": r.opt_text(13)?,
-        }))
+        let mut run = run_view(&r, &r.text(9)?)?;
+        run.trigger_context = Some(serde_json::from_str::<Value>(&r.text(12)?).unwrap_or(Value::Null));
+        run.channel = Some(r.text(13)?);
+        Ok(run)
     })
     .transpose()
 }
