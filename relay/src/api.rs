@@ -36,9 +36,30 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/hooks/{id}", post(webhook))
 }
 
+/// The HTTP status of a refusal: the one place where a domain refusal of
+/// the store becomes HTTP (the statuses PROTOCOL.md section 7 names).
+fn status_of(r: &Refusal) -> StatusCode {
+    use Refusal as R;
+    match r {
+        R::NoDelivery | R::UnknownWorkflow => StatusCode::NOT_FOUND,
+        R::NotTarget | R::AgentNotMember | R::NotOwner | R::OwnerLeft | R::OwnerNotMember => {
+            StatusCode::FORBIDDEN
+        }
+        R::Cancelled => StatusCode::GONE,
+        R::StaleToken
+        | R::NotClaimed(_)
+        | R::LeaseExpired
+        | R::LeaseExceedsLifetime { .. }
+        | R::WorkflowDisabled
+        | R::WrongTrigger(_) => StatusCode::CONFLICT,
+        R::BadLease { .. } | R::BadName | R::BadReply(_) => StatusCode::BAD_REQUEST,
+        R::TooManyOperations => StatusCode::TOO_MANY_REQUESTS,
+        R::Replayed(_) => StatusCode::UNAUTHORIZED,
+    }
+}
+
 fn refused(r: Refusal) -> Response {
-    let status = StatusCode::from_u16(r.status).unwrap_or(StatusCode::BAD_REQUEST);
-    error(status, r.code, r.message)
+    error(status_of(&r), r.code(), r.to_string())
 }
 
 fn unavailable(e: &StoreError) -> Response {
@@ -59,11 +80,23 @@ fn answer<T, A: Serialize>(r: Result<Answer<T>, StoreError>, ok: impl FnOnce(T) 
     }
 }
 
+/// A body that is not the call's type: 400 with its code.
+struct BadBody {
+    code: &'static str,
+    message: String,
+}
+
+impl IntoResponse for BadBody {
+    fn into_response(self) -> Response {
+        error(StatusCode::BAD_REQUEST, self.code, self.message)
+    }
+}
+
 /// Parses a JSON body (an empty body is `{}`) into its `protocol::api`
 /// type. A field of the contract's enums with an unknown name is refused
 /// with that field's code (`bad_outcome`, `bad_effect`), anything else
 /// malformed with `malformed`.
-fn body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Refusal> {
+fn body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, BadBody> {
     let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
         b"{}"
     } else {
@@ -76,7 +109,10 @@ fn body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Refusal> {
             "effect" => "bad_effect",
             _ => "malformed",
         };
-        Refusal::new(400, code, e.inner().to_string())
+        BadBody {
+            code,
+            message: e.inner().to_string(),
+        }
     })
 }
 
@@ -86,7 +122,7 @@ async fn claim(State(state): State<Arc<AppState>>, auth: AuthedCall) -> Response
     }
     let req: ClaimRequest = match body(&auth.body) {
         Ok(r) => r,
-        Err(r) => return refused(r),
+        Err(r) => return r.into_response(),
     };
     let community = &auth.tenant.community.id;
     let r = state
@@ -104,7 +140,7 @@ async fn renew(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth:
     }
     let req: RenewRequest = match body(&auth.body) {
         Ok(r) => r,
-        Err(r) => return refused(r),
+        Err(r) => return r.into_response(),
     };
     let community = &auth.tenant.community.id;
     let r = state
@@ -128,7 +164,7 @@ async fn operation(State(state): State<Arc<AppState>>, Path(id): Path<String>, a
     }
     let req: OperationRequest = match body(&auth.body) {
         Ok(r) => r,
-        Err(r) => return refused(r),
+        Err(r) => return r.into_response(),
     };
     let community = &auth.tenant.community.id;
     let r = state
@@ -153,7 +189,7 @@ async fn finish(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth
     }
     let req: FinishRequest = match body(&auth.body) {
         Ok(r) => r,
-        Err(r) => return refused(r),
+        Err(r) => return r.into_response(),
     };
     if let Some(reply) = &req.reply {
         // The same admission as a client's EVENT: a reply is stored and
@@ -278,7 +314,7 @@ async fn manual_run(State(state): State<Arc<AppState>>, Path(id): Path<String>, 
     }
     let input: Value = match body(&auth.body) {
         Ok(v) => v,
-        Err(r) => return refused(r),
+        Err(r) => return r.into_response(),
     };
     if !input.is_object() {
         return error(
@@ -399,7 +435,7 @@ async fn webhook(
     }
     let data: Value = match body(&bytes) {
         Ok(v) => v,
-        Err(r) => return refused(r),
+        Err(r) => return r.into_response(),
     };
     if !data.is_object() {
         return error(

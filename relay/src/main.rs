@@ -284,7 +284,7 @@ async fn runs(cfg: Config, community: &str, command: RunsCommand) -> anyhow::Res
                             println!("{}", serde_json::to_string(r)?);
                         }
                     }
-                    Err(r) => anyhow::bail!("{}: {}", r.code, r.message),
+                    Err(r) => anyhow::bail!("{}: {r}", r.code()),
                 }
                 Ok(())
             }

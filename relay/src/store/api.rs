@@ -29,8 +29,7 @@ pub struct HttpAuthUse {
 
 /// The refusal of a replayed auth event (the same as the HTTP layer's).
 fn replayed() -> Refusal {
-    let e = protocol::nip98::Nip98Error::Replayed;
-    Refusal::new(401, e.code(), e.to_string())
+    Refusal::Replayed(protocol::nip98::Nip98Error::Replayed.to_string())
 }
 
 /// Workflows, runs and deliveries.
@@ -209,37 +208,18 @@ impl WorkflowStore for SqlStore {
     ) -> Result<Answer<(String, bool)>, StoreError> {
         let mut tx = self.pool.begin().await?;
         if let Some(caller) = caller {
-            if let Err((status, code)) =
-                workflows::owned(&mut tx, community, workflow_id, caller, false).await?
-            {
-                return Ok(Err(Refusal::new(
-                    status,
-                    code,
-                    "only the workflow's owner may do this",
-                )));
+            if let Err(r) = workflows::owned(&mut tx, community, workflow_id, caller, false).await? {
+                return Ok(Err(r));
             }
         }
         match workflows::trigger_of(&mut tx, community, workflow_id).await? {
-            None => return Ok(Err(Refusal::new(404, "unknown_workflow", "no such workflow"))),
-            Some(t) if t != trigger => {
-                return Ok(Err(Refusal::new(
-                    409,
-                    "wrong_trigger",
-                    format!("this workflow is triggered by {t}"),
-                )))
-            }
+            None => return Ok(Err(Refusal::UnknownWorkflow)),
+            Some(t) if t != trigger => return Ok(Err(Refusal::WrongTrigger(t))),
             Some(_) => {}
         }
         let run = match workflows::create_run(&mut tx, community, workflow_id, &cause, context).await? {
             Ok(r) => r,
-            Err(no) => {
-                let status = match no {
-                    workflows::NoRun::Unknown => 404,
-                    workflows::NoRun::Disabled => 409,
-                    workflows::NoRun::OwnerNotMember => 403,
-                };
-                return Ok(Err(Refusal::new(status, no.code(), no.message())));
-            }
+            Err(r) => return Ok(Err(r)),
         };
         tx.commit().await?;
         Ok(Ok(run))
@@ -253,12 +233,8 @@ impl WorkflowStore for SqlStore {
         hash_hex: &str,
     ) -> Result<Answer<()>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        if let Err((status, code)) = workflows::owned(&mut tx, community, workflow_id, caller, false).await? {
-            return Ok(Err(Refusal::new(
-                status,
-                code,
-                "only the workflow's owner may do this",
-            )));
+        if let Err(r) = workflows::owned(&mut tx, community, workflow_id, caller, false).await? {
+            return Ok(Err(r));
         }
         workflows::set_webhook_secret(&mut tx, community, workflow_id, hash_hex).await?;
         tx.commit().await?;
@@ -284,12 +260,8 @@ impl WorkflowStore for SqlStore {
     ) -> Result<Answer<workflows::RunList>, StoreError> {
         let mut tx = self.pool.read().await?;
         if let (Some(caller), Some(w)) = (caller, workflow_id) {
-            if let Err((status, code)) = workflows::owned(&mut tx, community, w, caller, true).await? {
-                return Ok(Err(Refusal::new(
-                    status,
-                    code,
-                    "only the workflow's owner, while a member of its channel, may list its runs",
-                )));
+            if let Err(r) = workflows::owned(&mut tx, community, w, caller, true).await? {
+                return Ok(Err(r));
             }
         }
         Ok(Ok(workflows::list_runs(

@@ -25,27 +25,7 @@ use super::{InsertOutcome, StoreError};
 use crate::config::DeliveryConfig;
 use crate::faults;
 
-/// An API refusal: HTTP status, stable code, message.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
-    pub status: u16,
-    pub code: &'static str,
-    pub message: String,
-}
-
-impl Refusal {
-    pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
-        Self {
-            status,
-            code,
-            message: message.into(),
-        }
-    }
-}
-
-/// Result of an API call: the answer, or a refusal.
-pub type Answer<T> = Result<T, Refusal>;
-
+pub use super::refusal::{Answer, Refusal};
 pub use protocol::api::{ClaimRequest, Expected, FinishRequest};
 
 const COLS: &str = "id, workflow_id, run_id, step_id, target_pubkey, channel, definition_event_id, \
@@ -216,42 +196,26 @@ async fn fenced(
     now: i64,
 ) -> Result<Answer<Delivery>, StoreError> {
     let Some(d) = load(tx, community, id).await? else {
-        return Ok(Err(Refusal::new(
-            404,
-            "not_found",
-            "no such delivery in this community",
-        )));
+        return Ok(Err(Refusal::NoDelivery));
     };
     Ok(check_fence(d, caller, token, now))
 }
 
 fn check_fence(d: Delivery, caller: &PublicKey, token: &str, now: i64) -> Answer<Delivery> {
     if d.target != caller.to_bytes() {
-        return Err(Refusal::new(
-            403,
-            "not_target",
-            "this delivery is for another agent",
-        ));
+        return Err(Refusal::NotTarget);
     }
     if d.status == Status::Cancelled {
-        return Err(Refusal::new(410, "cancelled", "this delivery was cancelled"));
+        return Err(Refusal::Cancelled);
     }
     if d.claim_token.as_deref() != Some(token) {
-        return Err(Refusal::new(
-            409,
-            "stale_token",
-            "the claim token is not the current one",
-        ));
+        return Err(Refusal::StaleToken);
     }
     if d.status != Status::Claimed {
-        return Err(Refusal::new(
-            409,
-            "not_claimed",
-            format!("the delivery is {}", d.status),
-        ));
+        return Err(Refusal::NotClaimed(d.status));
     }
     if d.claim_expires_at.is_none_or(|t| t <= now) {
-        return Err(Refusal::new(409, "lease_expired", "the lease has expired"));
+        return Err(Refusal::LeaseExpired);
     }
     Ok(d)
 }
@@ -259,11 +223,9 @@ fn check_fence(d: Delivery, caller: &PublicKey, token: &str, now: i64) -> Answer
 fn lease_of(req_lease: Option<u64>, cfg: &DeliveryConfig) -> Answer<i64> {
     let lease = req_lease.unwrap_or(cfg.default_lease_secs);
     if lease == 0 || lease > cfg.max_lease_secs {
-        return Err(Refusal::new(
-            400,
-            "bad_lease",
-            format!("lease_seconds must be between 1 and {}", cfg.max_lease_secs),
-        ));
+        return Err(Refusal::BadLease {
+            max_secs: cfg.max_lease_secs,
+        });
     }
     Ok(i64::try_from(lease).unwrap_or(i64::MAX))
 }
@@ -337,21 +299,13 @@ pub async fn claim(
             }
         }
         let Some(d) = load(tx, community, id).await? else {
-            return Ok(Err(Refusal::new(
-                404,
-                "not_found",
-                "no such delivery in this community",
-            )));
+            return Ok(Err(Refusal::NoDelivery));
         };
         if d.target != caller.to_bytes() {
-            return Ok(Err(Refusal::new(
-                403,
-                "not_target",
-                "this delivery is for another agent",
-            )));
+            return Ok(Err(Refusal::NotTarget));
         }
         if d.status == Status::Cancelled {
-            return Ok(Err(Refusal::new(410, "cancelled", "this delivery was cancelled")));
+            return Ok(Err(Refusal::Cancelled));
         }
         if let Some(e) = &req.expected {
             let matches = e.run_id == d.run_id
@@ -369,11 +323,9 @@ pub async fn claim(
             return Ok(Ok(None));
         }
         if now + lease > d.expires_at {
-            return Ok(Err(Refusal::new(
-                409,
-                "lease_exceeds_lifetime",
-                format!("the lease must end by the delivery's expiry ({})", d.expires_at),
-            )));
+            return Ok(Err(Refusal::LeaseExceedsLifetime {
+                expires_at: d.expires_at,
+            }));
         }
         let q = Q::new(format!(
             "UPDATE workflow_agent_deliveries {set} WHERE community_id = $1 AND id = $2 AND {IS_PENDING} \
@@ -424,11 +376,9 @@ pub async fn renew(
         Err(r) => return Ok(Err(r)),
     };
     if now + lease > d.expires_at {
-        return Ok(Err(Refusal::new(
-            409,
-            "lease_exceeds_lifetime",
-            "the lease must end by the delivery's expiry",
-        )));
+        return Ok(Err(Refusal::LeaseExceedsLifetime {
+            expires_at: d.expires_at,
+        }));
     }
     tx.exec(
         Q::new(format!(
@@ -459,7 +409,7 @@ pub async fn record_operation(
     cfg: &DeliveryConfig,
 ) -> Result<Answer<()>, StoreError> {
     if name.is_empty() || name.len() > 256 {
-        return Ok(Err(Refusal::new(400, "bad_name", "name must be 1 to 256 bytes")));
+        return Ok(Err(Refusal::BadName));
     }
     let now = tx.now().await?;
     let d = match fenced(tx, community, id, caller, token, now).await? {
@@ -480,11 +430,7 @@ pub async fn record_operation(
         .transpose()?
         .unwrap_or(0);
     if count >= i64::from(cfg.max_operations_per_attempt) {
-        return Ok(Err(Refusal::new(
-            429,
-            "too_many_operations",
-            "operation limit of this attempt reached",
-        )));
+        return Ok(Err(Refusal::TooManyOperations));
     }
     tx.exec(
         Q::new(
@@ -587,7 +533,7 @@ pub struct Finished {
 /// author is still a member (`member`, read with the row). (Its id and
 /// signature are checked by the caller, outside any transaction.)
 fn check_reply(d: &Delivery, member: bool, reply: &Event) -> Answer<()> {
-    let bad = |m: &str| Err(Refusal::new(400, "bad_reply", m.to_string()));
+    let bad = |m: &str| Err(Refusal::BadReply(m.to_string()));
     if reply.kind.as_u16() != protocol::workflow::MESSAGE_KIND {
         return bad("reply must be a kind 9");
     }
@@ -598,11 +544,7 @@ fn check_reply(d: &Delivery, member: bool, reply: &Event) -> Answer<()> {
         return bad("reply must carry the delivery's channel as its h tag");
     }
     if !member {
-        return Err(Refusal::new(
-            403,
-            "not_member",
-            "the agent is no longer a member of the channel",
-        ));
+        return Err(Refusal::AgentNotMember);
     }
     Ok(())
 }
@@ -620,18 +562,10 @@ pub async fn finish(
 ) -> Result<Answer<Finished>, StoreError> {
     let now = tx.now().await?;
     let Some((d, member)) = load_with_membership(tx, community, id).await? else {
-        return Ok(Err(Refusal::new(
-            404,
-            "not_found",
-            "no such delivery in this community",
-        )));
+        return Ok(Err(Refusal::NoDelivery));
     };
     if d.target != caller.to_bytes() {
-        return Ok(Err(Refusal::new(
-            403,
-            "not_target",
-            "this delivery is for another agent",
-        )));
+        return Ok(Err(Refusal::NotTarget));
     }
     // The same finish again, after it succeeded: the same answer.
     if d.finished_token.as_deref() == Some(req.claim_token.as_str())
@@ -657,7 +591,7 @@ pub async fn finish(
         match insert_event_tx(tx, community, reply, &raw, Some(&d.channel)).await? {
             InsertOutcome::Stored => published.push((reply.clone(), raw)),
             InsertOutcome::Duplicate => {}
-            InsertOutcome::Rejected(why) => return Ok(Err(Refusal::new(400, "bad_reply", why))),
+            InsertOutcome::Rejected(why) => return Ok(Err(Refusal::BadReply(why))),
         }
         reply_id = Some(reply.id.to_bytes());
     }

@@ -19,6 +19,7 @@ pub mod deliveries;
 mod group;
 pub mod notices;
 pub mod postgres;
+pub mod refusal;
 pub mod sql;
 pub mod sqlite;
 pub mod sqlstore;

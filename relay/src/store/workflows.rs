@@ -15,6 +15,7 @@ use protocol::workflow::{self, Cause, Definition, MessageBinding, Step, Trigger,
 use serde_json::{json, Value};
 
 use super::db::{Pool, Row, Tx, Q};
+use super::refusal::{Answer, Refusal};
 use super::sqlstore::{created_at_of, insert_event_tx};
 use super::{InsertOutcome, StoreError};
 use crate::admission;
@@ -296,7 +297,7 @@ pub async fn pause_for_departed(
             departed.to_hex()
         );
         let tags = vec![
-            Tag::custom("workflow-paused", [id.as_str(), NoRun::OwnerNotMember.code()]),
+            Tag::custom("workflow-paused", [id.as_str(), Refusal::OwnerNotMember.code()]),
             Tag::custom("workflow-owner", [departed.to_hex()]),
         ];
         notices.push(super::notices::post(tx, community, keys, channel, text, tags, now).await?);
@@ -341,34 +342,6 @@ pub async fn cancel_channel(tx: &mut Tx<'_>, community: &str, channel: &str) -> 
     Ok(())
 }
 
-/// Why a cause started no run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NoRun {
-    Unknown,
-    Disabled,
-    /// The owner is not a member of the workflow's channel now: a run would
-    /// read and post into a channel the owner may no longer see.
-    OwnerNotMember,
-}
-
-impl NoRun {
-    pub fn code(self) -> &'static str {
-        match self {
-            NoRun::Unknown => "unknown_workflow",
-            NoRun::Disabled => "workflow_disabled",
-            NoRun::OwnerNotMember => "owner_not_member",
-        }
-    }
-
-    pub fn message(self) -> &'static str {
-        match self {
-            NoRun::Unknown => "no such workflow",
-            NoRun::Disabled => "the workflow is disabled",
-            NoRun::OwnerNotMember => "the workflow's owner is not a member of its channel",
-        }
-    }
-}
-
 /// Whether `owner` is a member of `channel` now.
 pub async fn is_member(
     tx: &mut Tx<'_>,
@@ -394,15 +367,16 @@ pub async fn create_run(
     workflow_id: &str,
     cause: &Cause,
     mut trigger_context: Value,
-) -> Result<Result<(String, bool), NoRun>, StoreError> {
+) -> Result<Answer<(String, bool)>, StoreError> {
     let Some(w) = load_workflow(tx, community, workflow_id).await? else {
-        return Ok(Err(NoRun::Unknown));
+        return Ok(Err(Refusal::UnknownWorkflow));
     };
     if !w.enabled || w.deleted {
-        return Ok(Err(NoRun::Disabled));
+        return Ok(Err(Refusal::WorkflowDisabled));
     }
+    // A run would read and post into a channel the owner may no longer see.
     if !is_member(tx, community, &w.channel, &w.owner).await? {
-        return Ok(Err(NoRun::OwnerNotMember));
+        return Ok(Err(Refusal::OwnerNotMember));
     }
     trigger_context["cause"] = json!(cause);
     trigger_context["channel"] = json!(w.channel);
@@ -919,22 +893,22 @@ pub async fn fire_schedules(tx: &mut Tx<'_>, community: &str) -> Result<Vec<Stri
 
 /// Whether `caller` owns the workflow, and with `member`, is also a member
 /// of its channel now (an owner who left, or was removed, no longer sees
-/// its runs: they hold the channel's messages). `Err` is the API refusal.
+/// its runs: they hold the channel's messages).
 pub async fn owned(
     tx: &mut Tx<'_>,
     community: &str,
     workflow_id: &str,
     caller: &PublicKey,
     member: bool,
-) -> Result<Result<(), (u16, &'static str)>, StoreError> {
-    match load_workflow(tx, community, workflow_id).await? {
-        None => Ok(Err((404, "unknown_workflow"))),
-        Some(w) if w.owner != caller.to_bytes() => Ok(Err((403, "not_owner"))),
+) -> Result<Answer<()>, StoreError> {
+    Ok(match load_workflow(tx, community, workflow_id).await? {
+        None => Err(Refusal::UnknownWorkflow),
+        Some(w) if w.owner != caller.to_bytes() => Err(Refusal::NotOwner),
         Some(w) if member && !is_member(tx, community, &w.channel, &w.owner).await? => {
-            Ok(Err((403, "not_member")))
+            Err(Refusal::OwnerLeft)
         }
-        Some(_) => Ok(Ok(())),
-    }
+        Some(_) => Ok(()),
+    })
 }
 
 /// Stores the hash of a new webhook secret (rotating any previous one).

@@ -1,0 +1,77 @@
+//! Why the store refuses a call: domain facts, each with the stable code
+//! the contract names and a message for people. How a refusal is said over
+//! HTTP (its status) is decided at the edge (`crate::api`), not here.
+
+use protocol::api::DeliveryStatus;
+
+/// A refused call: nothing it asked for happened.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("no such delivery in this community")]
+    NoDelivery,
+    #[error("this delivery is for another agent")]
+    NotTarget,
+    #[error("this delivery was cancelled")]
+    Cancelled,
+    #[error("the claim token is not the current one")]
+    StaleToken,
+    #[error("the delivery is {0}")]
+    NotClaimed(DeliveryStatus),
+    #[error("the lease has expired")]
+    LeaseExpired,
+    #[error("lease_seconds must be between 1 and {max_secs}")]
+    BadLease { max_secs: u64 },
+    #[error("the lease must end by the delivery's expiry ({expires_at})")]
+    LeaseExceedsLifetime { expires_at: i64 },
+    #[error("name must be 1 to 256 bytes")]
+    BadName,
+    #[error("operation limit of this attempt reached")]
+    TooManyOperations,
+    #[error("{0}")]
+    BadReply(String),
+    #[error("the agent is no longer a member of the channel")]
+    AgentNotMember,
+    #[error("{0}")]
+    Replayed(String),
+    #[error("no such workflow")]
+    UnknownWorkflow,
+    #[error("only the workflow's owner may do this")]
+    NotOwner,
+    #[error("only the workflow's owner, while a member of its channel, may do this")]
+    OwnerLeft,
+    #[error("the workflow's owner is not a member of its channel")]
+    OwnerNotMember,
+    #[error("the workflow is disabled")]
+    WorkflowDisabled,
+    #[error("this workflow is triggered by {0}")]
+    WrongTrigger(String),
+}
+
+impl Refusal {
+    /// The stable machine code (`{"error": <code>}`).
+    pub fn code(&self) -> &'static str {
+        match self {
+            Refusal::NoDelivery => "not_found",
+            Refusal::NotTarget => "not_target",
+            Refusal::Cancelled => "cancelled",
+            Refusal::StaleToken => "stale_token",
+            Refusal::NotClaimed(_) => "not_claimed",
+            Refusal::LeaseExpired => "lease_expired",
+            Refusal::BadLease { .. } => "bad_lease",
+            Refusal::LeaseExceedsLifetime { .. } => "lease_exceeds_lifetime",
+            Refusal::BadName => "bad_name",
+            Refusal::TooManyOperations => "too_many_operations",
+            Refusal::BadReply(_) => "bad_reply",
+            Refusal::AgentNotMember | Refusal::OwnerLeft => "not_member",
+            Refusal::Replayed(_) => "auth_replayed",
+            Refusal::UnknownWorkflow => "unknown_workflow",
+            Refusal::NotOwner => "not_owner",
+            Refusal::OwnerNotMember => "owner_not_member",
+            Refusal::WorkflowDisabled => "workflow_disabled",
+            Refusal::WrongTrigger(_) => "wrong_trigger",
+        }
+    }
+}
+
+/// Result of a store call: the answer, or a refusal.
+pub type Answer<T> = Result<T, Refusal>;
