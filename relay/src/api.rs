@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 
 use crate::http::{error, limited, Authed, AuthedCall, Tenant};
 use crate::state::AppState;
-use crate::store::deliveries::{Answer, Refusal};
+use crate::store::refusal::{Answer, CallError, Refusal};
 use crate::store::StoreError;
 
 /// The API routes.
@@ -71,12 +71,19 @@ fn unavailable(e: &StoreError) -> Response {
     )
 }
 
+/// The response of a call that did not give its answer.
+fn not_answered(e: CallError) -> Response {
+    match e {
+        CallError::Refused(r) => refused(r),
+        CallError::Store(e) => unavailable(&e),
+    }
+}
+
 /// Turns a store result into a response: the answer `ok` makes of it.
-fn answer<T, A: Serialize>(r: Result<Answer<T>, StoreError>, ok: impl FnOnce(T) -> A) -> Response {
+fn answer<T, A: Serialize>(r: Answer<T>, ok: impl FnOnce(T) -> A) -> Response {
     match r {
-        Ok(Ok(v)) => Json(ok(v)).into_response(),
-        Ok(Err(refusal)) => refused(refusal),
-        Err(e) => unavailable(&e),
+        Ok(v) => Json(ok(v)).into_response(),
+        Err(e) => not_answered(e),
     }
 }
 
@@ -125,10 +132,7 @@ async fn claim(State(state): State<Arc<AppState>>, auth: AuthedCall) -> Response
         Err(r) => return r.into_response(),
     };
     let community = &auth.tenant.community.id;
-    let r = state
-        .store
-        .claim(community, &auth.spend, &auth.pubkey, &req, &state.cfg.deliveries)
-        .await;
+    let r = state.store.claim(community, auth.spend, auth.pubkey, req).await;
     answer(r, |d| ClaimAnswer {
         delivery: d.and_then(|d| d.claim_view()),
     })
@@ -145,15 +149,7 @@ async fn renew(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth:
     let community = &auth.tenant.community.id;
     let r = state
         .store
-        .renew(
-            community,
-            &auth.spend,
-            &auth.pubkey,
-            &id,
-            &req.claim_token,
-            req.lease_seconds,
-            &state.cfg.deliveries,
-        )
+        .renew(community, auth.spend, auth.pubkey, id, req)
         .await;
     answer(r, |t| RenewAnswer { claim_expires_at: t })
 }
@@ -169,16 +165,7 @@ async fn operation(State(state): State<Arc<AppState>>, Path(id): Path<String>, a
     let community = &auth.tenant.community.id;
     let r = state
         .store
-        .record_operation(
-            community,
-            &auth.spend,
-            &auth.pubkey,
-            &id,
-            &req.claim_token,
-            &req.name,
-            req.effect,
-            &state.cfg.deliveries,
-        )
+        .record_operation(community, auth.spend, auth.pubkey, id, req)
         .await;
     answer(r, |()| OperationAnswer { recorded: true })
 }
@@ -210,18 +197,10 @@ async fn finish(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth
     let keys = auth.tenant.community.keys.clone();
     let r = state
         .store
-        .finish(
-            &community,
-            &auth.spend,
-            &keys,
-            &auth.pubkey,
-            &id,
-            &req,
-            &state.cfg.deliveries,
-        )
+        .finish(&community, auth.spend, &keys, auth.pubkey, id, req)
         .await;
     match r {
-        Ok(Ok(f)) => {
+        Ok(f) => {
             // Test-only: die after the commit, before the agent hears of it.
             let _ = crate::faults::check("finish:after_commit");
             let replied = !f.published.is_empty();
@@ -234,8 +213,7 @@ async fn finish(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth
             }
             Json(FinishAnswer { status: f.status }).into_response()
         }
-        Ok(Err(refusal)) => refused(refusal),
-        Err(e) => unavailable(&e),
+        Err(e) => not_answered(e),
     }
 }
 

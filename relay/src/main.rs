@@ -275,16 +275,11 @@ async fn runs(cfg: Config, community: &str, command: RunsCommand) -> anyhow::Res
     let result = async {
         match command {
             RunsCommand::List { workflow, limit } => {
-                match store
+                let page = store
                     .list_runs(community, workflow.as_deref(), None, None, limit)
-                    .await?
-                {
-                    Ok(page) => {
-                        for r in &page.runs {
-                            println!("{}", serde_json::to_string(r)?);
-                        }
-                    }
-                    Err(r) => anyhow::bail!("{}: {r}", r.code()),
+                    .await?;
+                for r in &page.runs {
+                    println!("{}", serde_json::to_string(r)?);
                 }
                 Ok(())
             }

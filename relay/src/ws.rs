@@ -338,7 +338,7 @@ impl Conn {
             self.storing.push_back(Box::pin(async move {
                 let r = rx
                     .await
-                    .unwrap_or_else(|_| Err(crate::store::StoreError::Batch("writer dropped".into())));
+                    .unwrap_or_else(|_| Err(crate::store::StoreError::Stopped("event writer")));
                 (event, raw, r)
             }));
             return Ok(());

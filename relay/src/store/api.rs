@@ -6,11 +6,12 @@
 
 use async_trait::async_trait;
 use nostr::prelude::{Event, Keys, PublicKey};
+use protocol::api::{OperationRequest, RenewRequest};
 use protocol::workflow::Cause;
 use serde_json::Value;
 
+use super::calls::{Claim, Finish, Operation, Renew};
 use super::deliveries::{self, Answer, ClaimRequest, Delivery, FinishRequest, Finished, Refusal};
-use super::group::{mismatch, Call, Done};
 use super::sqlstore::SqlStore;
 use super::workflows::{self, StepOutcome};
 use super::StoreError;
@@ -25,11 +26,6 @@ pub struct HttpAuthUse {
     pub event_id: [u8; 32],
     /// Unix seconds until which the record is kept (then swept).
     pub keep_until: i64,
-}
-
-/// The refusal of a replayed auth event (the same as the HTTP layer's).
-fn replayed() -> Refusal {
-    Refusal::Replayed(protocol::nip98::Nip98Error::Replayed.to_string())
 }
 
 /// Workflows, runs and deliveries.
@@ -61,7 +57,7 @@ pub trait WorkflowStore: Send + Sync {
         trigger: &str,
         cause: Cause,
         context: Value,
-    ) -> Result<Answer<(String, bool)>, StoreError>;
+    ) -> Answer<(String, bool)>;
 
     /// Stores the hash of a new webhook secret for the owner.
     async fn set_webhook_secret(
@@ -70,7 +66,7 @@ pub trait WorkflowStore: Send + Sync {
         workflow_id: &str,
         caller: &PublicKey,
         hash_hex: &str,
-    ) -> Result<Answer<()>, StoreError>;
+    ) -> Answer<()>;
 
     /// (secret hash, trigger, live) of a workflow.
     async fn webhook_target(
@@ -87,7 +83,7 @@ pub trait WorkflowStore: Send + Sync {
         caller: Option<&PublicKey>,
         before: Option<i64>,
         limit: u32,
-    ) -> Result<Answer<workflows::RunList>, StoreError>;
+    ) -> Answer<workflows::RunList>;
 
     /// One run.
     async fn show_run(
@@ -96,51 +92,44 @@ pub trait WorkflowStore: Send + Sync {
         run_id: &str,
     ) -> Result<Option<protocol::api::RunView>, StoreError>;
 
+    /// Each delivery call below spends `auth` (see [`HttpAuthUse`]) and
+    /// goes through the call writer.
     async fn claim(
         &self,
         community: &str,
-        auth: &HttpAuthUse,
-        caller: &PublicKey,
-        req: &ClaimRequest,
-        cfg: &DeliveryConfig,
-    ) -> Result<Answer<Option<Delivery>>, StoreError>;
+        auth: HttpAuthUse,
+        caller: PublicKey,
+        req: ClaimRequest,
+    ) -> Answer<Option<Delivery>>;
 
-    #[allow(clippy::too_many_arguments)]
     async fn renew(
         &self,
         community: &str,
-        auth: &HttpAuthUse,
-        caller: &PublicKey,
-        id: &str,
-        token: &str,
-        lease_seconds: Option<u64>,
-        cfg: &DeliveryConfig,
-    ) -> Result<Answer<i64>, StoreError>;
+        auth: HttpAuthUse,
+        caller: PublicKey,
+        id: String,
+        req: RenewRequest,
+    ) -> Answer<i64>;
 
-    #[allow(clippy::too_many_arguments)]
     async fn record_operation(
         &self,
         community: &str,
-        auth: &HttpAuthUse,
-        caller: &PublicKey,
-        id: &str,
-        token: &str,
-        name: &str,
-        effect: protocol::api::Effect,
-        cfg: &DeliveryConfig,
-    ) -> Result<Answer<()>, StoreError>;
+        auth: HttpAuthUse,
+        caller: PublicKey,
+        id: String,
+        req: OperationRequest,
+    ) -> Answer<()>;
 
     #[allow(clippy::too_many_arguments)]
     async fn finish(
         &self,
         community: &str,
-        auth: &HttpAuthUse,
+        auth: HttpAuthUse,
         keys: &Keys,
-        caller: &PublicKey,
-        id: &str,
-        req: &FinishRequest,
-        cfg: &DeliveryConfig,
-    ) -> Result<Answer<Finished>, StoreError>;
+        caller: PublicKey,
+        id: String,
+        req: FinishRequest,
+    ) -> Answer<Finished>;
 
     /// Deliveries, newest first (one target's when given).
     async fn list_deliveries(
@@ -205,24 +194,19 @@ impl WorkflowStore for SqlStore {
         trigger: &str,
         cause: Cause,
         context: Value,
-    ) -> Result<Answer<(String, bool)>, StoreError> {
+    ) -> Answer<(String, bool)> {
         let mut tx = self.pool.begin().await?;
         if let Some(caller) = caller {
-            if let Err(r) = workflows::owned(&mut tx, community, workflow_id, caller, false).await? {
-                return Ok(Err(r));
-            }
+            workflows::owned(&mut tx, community, workflow_id, caller, false).await?;
         }
         match workflows::trigger_of(&mut tx, community, workflow_id).await? {
-            None => return Ok(Err(Refusal::UnknownWorkflow)),
-            Some(t) if t != trigger => return Ok(Err(Refusal::WrongTrigger(t))),
+            None => return Err(Refusal::UnknownWorkflow.into()),
+            Some(t) if t != trigger => return Err(Refusal::WrongTrigger(t).into()),
             Some(_) => {}
         }
-        let run = match workflows::create_run(&mut tx, community, workflow_id, &cause, context).await? {
-            Ok(r) => r,
-            Err(r) => return Ok(Err(r)),
-        };
+        let run = workflows::create_run(&mut tx, community, workflow_id, &cause, context).await?;
         tx.commit().await?;
-        Ok(Ok(run))
+        Ok(run)
     }
 
     async fn set_webhook_secret(
@@ -231,14 +215,12 @@ impl WorkflowStore for SqlStore {
         workflow_id: &str,
         caller: &PublicKey,
         hash_hex: &str,
-    ) -> Result<Answer<()>, StoreError> {
+    ) -> Answer<()> {
         let mut tx = self.pool.begin().await?;
-        if let Err(r) = workflows::owned(&mut tx, community, workflow_id, caller, false).await? {
-            return Ok(Err(r));
-        }
+        workflows::owned(&mut tx, community, workflow_id, caller, false).await?;
         workflows::set_webhook_secret(&mut tx, community, workflow_id, hash_hex).await?;
         tx.commit().await?;
-        Ok(Ok(()))
+        Ok(())
     }
 
     async fn webhook_target(
@@ -257,21 +239,12 @@ impl WorkflowStore for SqlStore {
         caller: Option<&PublicKey>,
         before: Option<i64>,
         limit: u32,
-    ) -> Result<Answer<workflows::RunList>, StoreError> {
+    ) -> Answer<workflows::RunList> {
         let mut tx = self.pool.read().await?;
         if let (Some(caller), Some(w)) = (caller, workflow_id) {
-            if let Err(r) = workflows::owned(&mut tx, community, w, caller, true).await? {
-                return Ok(Err(r));
-            }
+            workflows::owned(&mut tx, community, w, caller, true).await?;
         }
-        Ok(Ok(workflows::list_runs(
-            &mut tx,
-            community,
-            workflow_id,
-            before,
-            limit,
-        )
-        .await?))
+        Ok(workflows::list_runs(&mut tx, community, workflow_id, before, limit).await?)
     }
 
     async fn show_run(
@@ -286,100 +259,76 @@ impl WorkflowStore for SqlStore {
     async fn claim(
         &self,
         community: &str,
-        auth: &HttpAuthUse,
-        caller: &PublicKey,
-        req: &ClaimRequest,
-        cfg: &DeliveryConfig,
-    ) -> Result<Answer<Option<Delivery>>, StoreError> {
-        let call = Call::Claim {
-            community: community.to_string(),
-            caller: *caller,
-            req: req.clone(),
-            cfg: cfg.clone(),
-        };
-        match self.calls.run_spending(*auth, call).await? {
-            Done::Claim(a) => Ok(a),
-            Done::Replayed => Ok(Err(replayed())),
-            _ => Err(mismatch()),
-        }
+        auth: HttpAuthUse,
+        caller: PublicKey,
+        req: ClaimRequest,
+    ) -> Answer<Option<Delivery>> {
+        let community = community.to_string();
+        self.calls
+            .run_spending(
+                auth,
+                Claim {
+                    community,
+                    caller,
+                    req,
+                },
+            )
+            .await
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn renew(
         &self,
         community: &str,
-        auth: &HttpAuthUse,
-        caller: &PublicKey,
-        id: &str,
-        token: &str,
-        lease_seconds: Option<u64>,
-        cfg: &DeliveryConfig,
-    ) -> Result<Answer<i64>, StoreError> {
-        let call = Call::Renew {
-            community: community.to_string(),
-            caller: *caller,
-            id: id.to_string(),
-            token: token.to_string(),
-            lease_seconds,
-            cfg: cfg.clone(),
+        auth: HttpAuthUse,
+        caller: PublicKey,
+        id: String,
+        req: RenewRequest,
+    ) -> Answer<i64> {
+        let community = community.to_string();
+        let call = Renew {
+            community,
+            caller,
+            id,
+            req,
         };
-        match self.calls.run_spending(*auth, call).await? {
-            Done::Renew(a) => Ok(a),
-            Done::Replayed => Ok(Err(replayed())),
-            _ => Err(mismatch()),
-        }
+        self.calls.run_spending(auth, call).await
     }
 
     async fn record_operation(
         &self,
         community: &str,
-        auth: &HttpAuthUse,
-        caller: &PublicKey,
-        id: &str,
-        token: &str,
-        name: &str,
-        effect: protocol::api::Effect,
-        cfg: &DeliveryConfig,
-    ) -> Result<Answer<()>, StoreError> {
-        let call = Call::Operation {
-            community: community.to_string(),
-            caller: *caller,
-            id: id.to_string(),
-            token: token.to_string(),
-            name: name.to_string(),
-            effect,
-            cfg: cfg.clone(),
+        auth: HttpAuthUse,
+        caller: PublicKey,
+        id: String,
+        req: OperationRequest,
+    ) -> Answer<()> {
+        let community = community.to_string();
+        let call = Operation {
+            community,
+            caller,
+            id,
+            req,
         };
-        match self.calls.run_spending(*auth, call).await? {
-            Done::Operation(a) => Ok(a),
-            Done::Replayed => Ok(Err(replayed())),
-            _ => Err(mismatch()),
-        }
+        self.calls.run_spending(auth, call).await
     }
 
     async fn finish(
         &self,
         community: &str,
-        auth: &HttpAuthUse,
+        auth: HttpAuthUse,
         keys: &Keys,
-        caller: &PublicKey,
-        id: &str,
-        req: &FinishRequest,
-        cfg: &DeliveryConfig,
-    ) -> Result<Answer<Finished>, StoreError> {
-        let call = Call::Finish {
+        caller: PublicKey,
+        id: String,
+        req: FinishRequest,
+    ) -> Answer<Finished> {
+        let call = Finish {
             community: community.to_string(),
             keys: keys.clone(),
-            caller: *caller,
-            id: id.to_string(),
-            req: req.clone(),
-            cfg: cfg.clone(),
+            caller,
+            id,
+            req,
         };
-        match self.calls.run_spending(*auth, call).await? {
-            Done::Finish(a) => Ok(a),
-            Done::Replayed => Ok(Err(replayed())),
-            _ => Err(mismatch()),
-        }
+        self.calls.run_spending(auth, call).await
     }
 
     async fn list_deliveries(

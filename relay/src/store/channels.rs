@@ -11,6 +11,7 @@ use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, PublicKey, 
 
 use super::db::{Tx, Q};
 use super::sqlstore::insert_event_tx;
+use super::workflows::Upsert;
 use super::{InsertOutcome, StoreError};
 use crate::config::ChannelPolicy;
 
@@ -197,14 +198,78 @@ async fn remove_member(
 }
 
 /// What a channel event asks for, decided before anything is written.
+#[derive(Debug, PartialEq, Eq)]
 enum Plan {
+    /// Refused, with the client's `OK false` text.
     Reject(String),
+    /// Nothing to do (a join by a member): answered as a duplicate.
     Duplicate,
     Apply,
 }
 
 fn rejected(msg: impl Into<String>) -> Result<(InsertOutcome, Published), StoreError> {
     Ok((InsertOutcome::Rejected(msg.into()), Vec::new()))
+}
+
+/// The event's channel id, or why it has none that may be used.
+fn channel_id_of(event: &Event) -> Result<&str, String> {
+    match h_tag(event) {
+        None => Err("invalid: missing h tag".into()),
+        Some(c) if c.is_empty() || c.len() > MAX_CHANNEL_ID_BYTES => Err(format!(
+            "invalid: channel id must be 1 to {MAX_CHANNEL_ID_BYTES} bytes"
+        )),
+        Some(c) => Ok(c),
+    }
+}
+
+/// The channel rules (NIP-29 subset): whether `author` may have an event
+/// of `kind` applied to `channel` as it is now (`current`, `None` when it
+/// does not exist).
+fn plan(
+    current: Option<&ChannelView>,
+    channel: &str,
+    kind: u16,
+    author: &PublicKey,
+    policy: &ChannelPolicy,
+) -> Plan {
+    match (current, kind) {
+        (Some(c), CREATE_GROUP) if c.deleted => Plan::Reject("blocked: this channel was deleted".into()),
+        (Some(_), CREATE_GROUP) => Plan::Reject(format!("duplicate: channel {channel} already exists")),
+        (None, CREATE_GROUP) => Plan::Apply,
+        (None, _) => Plan::Reject(format!("invalid: unknown channel {channel}")),
+        (Some(c), _) if c.deleted => Plan::Reject("blocked: this channel was deleted".into()),
+        (Some(c), JOIN_REQUEST) if c.is_member(author) => Plan::Duplicate,
+        (Some(_), JOIN_REQUEST) => Plan::Apply,
+        (Some(c), LEAVE_REQUEST) if !c.is_member(author) => {
+            Plan::Reject(format!("invalid: not a member of channel {channel}"))
+        }
+        (Some(c), PUT_USER | REMOVE_USER | EDIT_METADATA | DELETE_GROUP)
+            if c.role_of(author) != Some(Role::Admin) =>
+        {
+            Plan::Reject(format!(
+                "restricted: only admins of channel {channel} may do this"
+            ))
+        }
+        (Some(c), k)
+            if (policy.requires_membership(k) || k == protocol::workflow::DEFINITION_KIND)
+                && !c.is_member(author) =>
+        {
+            Plan::Reject(format!(
+                "restricted: only members of channel {channel} may post in it"
+            ))
+        }
+        _ => Plan::Apply,
+    }
+}
+
+/// What applying an event changed: which metadata kinds to re-publish
+/// (39000 / 39001 / 39002), and who left the channel.
+#[derive(Default)]
+struct Changed {
+    meta: bool,
+    admins: bool,
+    members: bool,
+    departed: Vec<PublicKey>,
 }
 
 /// Applies and stores an `h`-tagged event (including 9007, which creates the
@@ -219,119 +284,106 @@ pub async fn apply(
     event: &Event,
     raw: &str,
 ) -> Result<(InsertOutcome, Published), StoreError> {
-    let Some(channel) = h_tag(event) else {
-        return rejected("invalid: missing h tag");
+    let channel = match channel_id_of(event) {
+        Ok(c) => c.to_string(),
+        Err(msg) => return rejected(msg),
     };
-    if channel.is_empty() || channel.len() > MAX_CHANNEL_ID_BYTES {
-        return rejected(format!(
-            "invalid: channel id must be 1 to {MAX_CHANNEL_ID_BYTES} bytes"
-        ));
-    }
-    let channel = channel.to_string();
     tx.lock(&lock_key(community, &channel)).await?;
     let now = tx.now().await?;
     let kind = event.kind.as_u16();
-    let author = event.pubkey;
     let current = load(tx, community, &channel).await?;
-
-    let plan = match (&current, kind) {
-        (Some(c), CREATE_GROUP) if c.deleted => Plan::Reject("blocked: this channel was deleted".into()),
-        (Some(_), CREATE_GROUP) => Plan::Reject(format!("duplicate: channel {channel} already exists")),
-        (None, CREATE_GROUP) => Plan::Apply,
-        (None, _) => Plan::Reject(format!("invalid: unknown channel {channel}")),
-        (Some(c), _) if c.deleted => Plan::Reject("blocked: this channel was deleted".into()),
-        (Some(c), JOIN_REQUEST) if c.is_member(&author) => Plan::Duplicate,
-        (Some(_), JOIN_REQUEST) => Plan::Apply,
-        (Some(c), LEAVE_REQUEST) if !c.is_member(&author) => {
-            Plan::Reject(format!("invalid: not a member of channel {channel}"))
-        }
-        (Some(c), PUT_USER | REMOVE_USER | EDIT_METADATA | DELETE_GROUP)
-            if c.role_of(&author) != Some(Role::Admin) =>
-        {
-            Plan::Reject(format!(
-                "restricted: only admins of channel {channel} may do this"
-            ))
-        }
-        (Some(c), k)
-            if (policy.requires_membership(k) || k == protocol::workflow::DEFINITION_KIND)
-                && !c.is_member(&author) =>
-        {
-            Plan::Reject(format!(
-                "restricted: only members of channel {channel} may post in it"
-            ))
-        }
-        _ => Plan::Apply,
-    };
-    match plan {
+    match plan(current.as_ref(), &channel, kind, &event.pubkey, policy) {
         Plan::Reject(msg) => return rejected(msg),
         Plan::Duplicate => return Ok((InsertOutcome::Duplicate, Vec::new())),
         Plan::Apply => {}
     }
-
     let outcome = insert_event_tx(tx, community, event, raw, Some(&channel)).await?;
     if outcome != InsertOutcome::Stored {
         return Ok((outcome, Vec::new()));
     }
+    if let Some(msg) = workflow_effects(tx, community, keys, event, &channel).await? {
+        return rejected(msg);
+    }
+    let changed = change_state(tx, community, &channel, event, current.as_ref(), now).await?;
+    let mut published: Published = vec![(event.clone(), raw.to_string())];
+    if changed.meta || changed.admins || changed.members {
+        debug_assert!(
+            republishes(kind),
+            "kind {kind} re-publishes: lock_keys must say so"
+        );
+        let which = (changed.meta, changed.admins, changed.members);
+        published.extend(republish(tx, community, keys, &channel, now, which).await?);
+    }
+    for pk in &changed.departed {
+        published.extend(super::workflows::pause_for_departed(tx, community, keys, &channel, pk, now).await?);
+    }
+    Ok((InsertOutcome::Stored, published))
+}
+
+/// What a stored workflow definition (recorded) or channel message (which
+/// may trigger runs) does; `Some(text)` when the definition must be
+/// refused after all (the caller rolls back).
+async fn workflow_effects(
+    tx: &mut Tx<'_>,
+    community: &str,
+    keys: &Keys,
+    event: &Event,
+    channel: &str,
+) -> Result<Option<String>, StoreError> {
+    let kind = event.kind.as_u16();
     if kind == protocol::workflow::DEFINITION_KIND {
         let v = match protocol::workflow::validate(event) {
             Ok(v) => v,
-            Err(e) => return rejected(format!("invalid: {e}")),
+            Err(e) => return Ok(Some(format!("invalid: {e}"))),
         };
-        if let Err(msg) = super::workflows::upsert_definition(tx, community, event, &v).await? {
-            return rejected(msg);
+        if let Upsert::Refused(msg) = super::workflows::upsert_definition(tx, community, event, &v).await? {
+            return Ok(Some(msg));
         }
     }
     if kind == protocol::workflow::MESSAGE_KIND {
-        super::workflows::on_message(tx, community, &keys.public_key(), event, &channel).await?;
+        super::workflows::on_message(tx, community, &keys.public_key(), event, channel).await?;
     }
+    Ok(None)
+}
 
-    // State changes; which metadata kinds need re-publishing; who left.
-    let (mut meta, mut admins, mut members) = (false, false, false);
-    let mut departed: Vec<PublicKey> = Vec::new();
-    match kind {
+/// The channel's state after an applied event of a NIP-29 kind (other
+/// kinds change nothing).
+async fn change_state(
+    tx: &mut Tx<'_>,
+    community: &str,
+    channel: &str,
+    event: &Event,
+    current: Option<&ChannelView>,
+    now: i64,
+) -> Result<Changed, StoreError> {
+    let author = event.pubkey;
+    let both = Changed {
+        admins: true,
+        members: true,
+        ..Changed::default()
+    };
+    Ok(match event.kind.as_u16() {
         CREATE_GROUP => {
-            tx.exec(
-                Q::new(
-                    "INSERT INTO channels (community_id, id, creator, name, about, picture, private, closed, created_at) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-                )
-                .bind(community)
-                .bind(channel.as_str())
-                .bind(author.to_bytes())
-                .bind(tag_value(event, "name").unwrap_or_default())
-                .bind(tag_value(event, "about").unwrap_or_default())
-                .bind(tag_value(event, "picture").unwrap_or_default())
-                .bind(has_flag(event, "private"))
-                .bind(has_flag(event, "closed"))
-                .bind(now),
-            )
-            .await?;
-            put_member(tx, community, &channel, &author, Role::Admin, now).await?;
-            (meta, admins, members) = (true, true, true);
+            create(tx, community, channel, event, now).await?;
+            Changed { meta: true, ..both }
+        }
+        JOIN_REQUEST if current.is_some_and(|c| c.closed) => {
+            request_to_join(tx, community, channel, &author, now).await?;
+            Changed::default()
         }
         JOIN_REQUEST => {
-            let closed = current.as_ref().is_some_and(|c| c.closed);
-            if closed {
-                tx.exec(
-                    Q::new(
-                        "INSERT INTO channel_join_requests (community_id, channel_id, pubkey, requested_at) \
-                         VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-                    )
-                    .bind(community)
-                    .bind(channel.as_str())
-                    .bind(author.to_bytes())
-                    .bind(now),
-                )
-                .await?;
-            } else {
-                put_member(tx, community, &channel, &author, Role::Member, now).await?;
-                members = true;
+            put_member(tx, community, channel, &author, Role::Member, now).await?;
+            Changed {
+                members: true,
+                ..Changed::default()
             }
         }
         LEAVE_REQUEST => {
-            remove_member(tx, community, &channel, &author).await?;
-            departed.push(author);
-            (admins, members) = (true, true);
+            remove_member(tx, community, channel, &author).await?;
+            Changed {
+                departed: vec![author],
+                ..both
+            }
         }
         PUT_USER => {
             for (pk, role) in targets(event) {
@@ -340,85 +392,134 @@ pub async fn apply(
                 } else {
                     Role::Member
                 };
-                put_member(tx, community, &channel, &pk, role, now).await?;
+                put_member(tx, community, channel, &pk, role, now).await?;
             }
-            (admins, members) = (true, true);
+            both
         }
         REMOVE_USER => {
+            let mut departed = Vec::new();
             for (pk, _) in targets(event) {
-                if current.as_ref().is_some_and(|c| c.is_member(&pk)) {
+                if current.is_some_and(|c| c.is_member(&pk)) {
                     departed.push(pk);
                 }
-                remove_member(tx, community, &channel, &pk).await?;
+                remove_member(tx, community, channel, &pk).await?;
             }
-            (admins, members) = (true, true);
+            Changed { departed, ..both }
         }
         EDIT_METADATA => {
-            let c = current.as_ref().expect("channel exists for an applied edit");
-            let flag = |on: &str, off: &str, was: bool| {
-                if has_flag(event, on) {
-                    true
-                } else if has_flag(event, off) {
-                    false
-                } else {
-                    was
-                }
-            };
-            tx.exec(
-                Q::new(
-                    "UPDATE channels SET name = $3, about = $4, picture = $5, private = $6, closed = $7 \
-                     WHERE community_id = $1 AND id = $2",
-                )
-                .bind(community)
-                .bind(channel.as_str())
-                .bind(tag_value(event, "name").unwrap_or(&c.name))
-                .bind(tag_value(event, "about").unwrap_or(&c.about))
-                .bind(tag_value(event, "picture").unwrap_or(&c.picture))
-                .bind(flag("private", "public", c.private))
-                .bind(flag("closed", "open", c.closed)),
-            )
-            .await?;
-            meta = true;
+            let c = current.expect("channel exists for an applied edit");
+            edit(tx, community, channel, event, c).await?;
+            Changed {
+                meta: true,
+                ..Changed::default()
+            }
         }
         DELETE_GROUP => {
             tx.exec(
                 Q::new("UPDATE channels SET deleted = TRUE WHERE community_id = $1 AND id = $2")
                     .bind(community)
-                    .bind(channel.as_str()),
+                    .bind(channel),
             )
             .await?;
-            super::workflows::cancel_channel(tx, community, &channel).await?;
+            super::workflows::cancel_channel(tx, community, channel).await?;
+            Changed::default()
         }
+        _ => Changed::default(),
+    })
+}
 
-        _ => {}
-    }
+/// Creates the channel of a 9007, its author its first admin.
+async fn create(
+    tx: &mut Tx<'_>,
+    community: &str,
+    channel: &str,
+    event: &Event,
+    now: i64,
+) -> Result<(), StoreError> {
+    tx.exec(
+        Q::new(
+            "INSERT INTO channels (community_id, id, creator, name, about, picture, private, closed, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        )
+        .bind(community)
+        .bind(channel)
+        .bind(event.pubkey.to_bytes())
+        .bind(tag_value(event, "name").unwrap_or_default())
+        .bind(tag_value(event, "about").unwrap_or_default())
+        .bind(tag_value(event, "picture").unwrap_or_default())
+        .bind(has_flag(event, "private"))
+        .bind(has_flag(event, "closed"))
+        .bind(now),
+    )
+    .await?;
+    put_member(tx, community, channel, &event.pubkey, Role::Admin, now).await
+}
 
-    let mut published: Published = vec![(event.clone(), raw.to_string())];
-    if meta || admins || members {
-        debug_assert!(
-            republishes(kind),
-            "kind {kind} re-publishes: lock_keys must say so"
-        );
-        published.extend(republish(tx, community, keys, &channel, now, meta, admins, members).await?);
-    }
-    for pk in &departed {
-        published.extend(super::workflows::pause_for_departed(tx, community, keys, &channel, pk, now).await?);
-    }
-    Ok((InsertOutcome::Stored, published))
+/// A join request to a closed channel waits for an admin.
+async fn request_to_join(
+    tx: &mut Tx<'_>,
+    community: &str,
+    channel: &str,
+    author: &PublicKey,
+    now: i64,
+) -> Result<(), StoreError> {
+    tx.exec(
+        Q::new(
+            "INSERT INTO channel_join_requests (community_id, channel_id, pubkey, requested_at) \
+             VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+        )
+        .bind(community)
+        .bind(channel)
+        .bind(author.to_bytes())
+        .bind(now),
+    )
+    .await?;
+    Ok(())
+}
+
+/// A 9002: the fields it names change, the others stay.
+async fn edit(
+    tx: &mut Tx<'_>,
+    community: &str,
+    channel: &str,
+    event: &Event,
+    c: &ChannelView,
+) -> Result<(), StoreError> {
+    let flag = |on: &str, off: &str, was: bool| {
+        if has_flag(event, on) {
+            true
+        } else if has_flag(event, off) {
+            false
+        } else {
+            was
+        }
+    };
+    tx.exec(
+        Q::new(
+            "UPDATE channels SET name = $3, about = $4, picture = $5, private = $6, closed = $7 \
+             WHERE community_id = $1 AND id = $2",
+        )
+        .bind(community)
+        .bind(channel)
+        .bind(tag_value(event, "name").unwrap_or(&c.name))
+        .bind(tag_value(event, "about").unwrap_or(&c.about))
+        .bind(tag_value(event, "picture").unwrap_or(&c.picture))
+        .bind(flag("private", "public", c.private))
+        .bind(flag("closed", "open", c.closed)),
+    )
+    .await?;
+    Ok(())
 }
 
 /// Signs and stores fresh 39000/39001/39002 for a channel (those asked for),
 /// with `created_at` strictly after the previous ones so that they replace them.
-#[allow(clippy::too_many_arguments)]
 async fn republish(
     tx: &mut Tx<'_>,
     community: &str,
     keys: &Keys,
     channel: &str,
     now: i64,
-    meta: bool,
-    admins: bool,
-    members: bool,
+    (meta, admins, members): (bool, bool, bool),
 ) -> Result<Published, StoreError> {
     let c = load(tx, community, channel)
         .await?
@@ -489,4 +590,146 @@ async fn republish(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use nostr::prelude::{Keys, PublicKey};
+    use protocol::nip29::{
+        CREATE_GROUP, DELETE_GROUP, EDIT_METADATA, JOIN_REQUEST, LEAVE_REQUEST, PUT_USER, REMOVE_USER,
+    };
+
+    use super::{plan, ChannelView, Plan, Role};
+    use crate::config::ChannelPolicy;
+
+    fn channel(members: &[(&PublicKey, Role)]) -> ChannelView {
+        ChannelView {
+            id: "c".into(),
+            name: String::new(),
+            about: String::new(),
+            picture: String::new(),
+            private: false,
+            closed: false,
+            deleted: false,
+            members: members
+                .iter()
+                .map(|(pk, r)| (pk.to_bytes(), *r))
+                .collect::<BTreeMap<_, _>>(),
+            metadata_at: 0,
+        }
+    }
+
+    /// Whether the plan is a refusal whose text starts with `prefix`.
+    fn refused_with(p: &Plan, prefix: &str) -> bool {
+        matches!(p, Plan::Reject(m) if m.starts_with(prefix))
+    }
+
+    #[test]
+    fn channel_rules() {
+        let (admin, member, stranger) = (Keys::generate(), Keys::generate(), Keys::generate());
+        let (admin, member, stranger) = (admin.public_key(), member.public_key(), stranger.public_key());
+        let open = channel(&[(&admin, Role::Admin), (&member, Role::Member)]);
+        let deleted = ChannelView {
+            deleted: true,
+            ..open.clone()
+        };
+        let policy = ChannelPolicy::default();
+        let chat = protocol::workflow::MESSAGE_KIND;
+        let definition = protocol::workflow::DEFINITION_KIND;
+        let cases: Vec<(&str, Option<&ChannelView>, u16, &PublicKey, &str)> = vec![
+            ("create a new channel", None, CREATE_GROUP, &stranger, "apply"),
+            (
+                "create an existing one",
+                Some(&open),
+                CREATE_GROUP,
+                &stranger,
+                "duplicate:",
+            ),
+            (
+                "create a deleted one",
+                Some(&deleted),
+                CREATE_GROUP,
+                &admin,
+                "blocked:",
+            ),
+            ("post in an unknown channel", None, chat, &member, "invalid:"),
+            (
+                "post in a deleted channel",
+                Some(&deleted),
+                chat,
+                &admin,
+                "blocked:",
+            ),
+            (
+                "join as a stranger",
+                Some(&open),
+                JOIN_REQUEST,
+                &stranger,
+                "apply",
+            ),
+            ("join as a member", Some(&open), JOIN_REQUEST, &member, "same"),
+            ("leave as a member", Some(&open), LEAVE_REQUEST, &member, "apply"),
+            (
+                "leave as a stranger",
+                Some(&open),
+                LEAVE_REQUEST,
+                &stranger,
+                "invalid:",
+            ),
+            ("post as a member", Some(&open), chat, &member, "apply"),
+            ("post as a stranger", Some(&open), chat, &stranger, "restricted:"),
+            (
+                "define a workflow as a stranger",
+                Some(&open),
+                definition,
+                &stranger,
+                "restricted:",
+            ),
+            (
+                "define a workflow as a member",
+                Some(&open),
+                definition,
+                &member,
+                "apply",
+            ),
+        ];
+        let mut all = cases;
+        for k in [PUT_USER, REMOVE_USER, EDIT_METADATA, DELETE_GROUP] {
+            all.push(("moderate as an admin", Some(&open), k, &admin, "apply"));
+            all.push(("moderate as a member", Some(&open), k, &member, "restricted:"));
+            all.push(("moderate as a stranger", Some(&open), k, &stranger, "restricted:"));
+        }
+        for (what, current, kind, author, want) in all {
+            let got = plan(current, "c", kind, author, &policy);
+            let ok = match want {
+                "apply" => got == Plan::Apply,
+                "same" => got == Plan::Duplicate,
+                prefix => refused_with(&got, prefix),
+            };
+            assert!(ok, "{what} (kind {kind}): {got:?}, want {want}");
+        }
+    }
+
+    #[test]
+    fn posting_policy_names_the_kinds_that_need_membership() {
+        let stranger = Keys::generate().public_key();
+        let open = channel(&[]);
+        let policy = ChannelPolicy {
+            membership_kinds: vec![9],
+            ..ChannelPolicy::default()
+        };
+        assert!(matches!(
+            plan(Some(&open), "c", 9, &stranger, &policy),
+            Plan::Reject(_)
+        ));
+        assert_eq!(plan(Some(&open), "c", 1, &stranger, &policy), Plan::Apply);
+        // A workflow definition needs membership whatever the policy says.
+        let definition = protocol::workflow::DEFINITION_KIND;
+        assert!(matches!(
+            plan(Some(&open), "c", definition, &stranger, &policy),
+            Plan::Reject(_)
+        ));
+    }
 }

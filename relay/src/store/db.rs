@@ -83,6 +83,11 @@ pub enum Val {
     Bool(bool),
 }
 
+/// A stored name (a status, an outcome) as its type.
+pub fn named<T>(s: &str, parse: fn(&str) -> Option<T>) -> Result<T, StoreError> {
+    parse(s).ok_or_else(|| StoreError::Corrupt(format!("unknown stored name {s:?}")))
+}
+
 /// A neutral row.
 #[derive(Debug, Clone)]
 pub struct Row(pub Vec<Val>);

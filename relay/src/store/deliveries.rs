@@ -1,25 +1,18 @@
-//! The delivery state machine (PROTOCOL.md section 8), fenced by the
-//! database clock.
+//! The delivery calls and the sweeper: each loads the row, asks the state
+//! machine (`machine::transition`, PROTOCOL.md section 8) what to do, and
+//! applies it in SQL whose conditions re-check the state it leaves.
 //!
-//! ```text
-//! pending --claim--> claimed --finish delivered--> delivered
-//!                      |  --finish retry (attempts left)--> pending (backoff)
-//!                      |  --finish failed / retry (none left) / lease lapsed--> failed
-//!                      |  --lease lapsed, recorded no write, attempts left--> pending
-//! pending --lifetime over--> expired
-//! pending|claimed --channel deleted / workflow disabled--> cancelled
-//! ```
-//!
-//! Every renew, operation and finish matches community, id, target, token,
-//! `status = 'claimed'` and an unexpired lease. Every terminal failure or
-//! expiry posts one relay-signed notice in the channel, in the transaction
-//! that makes the transition (so exactly once).
+//! Every terminal failure or expiry posts one relay-signed notice in the
+//! channel, in the transaction that makes the transition (so exactly once).
 
 use nostr::prelude::{Event, Keys, PublicKey, Tag};
-use protocol::api::{ClaimedDelivery, DeliveryStatus as Status, DeliveryView, Effect, Outcome};
+use protocol::api::{
+    ClaimedDelivery, DeliveryStatus as Status, DeliveryView, OperationRequest, Outcome, RenewRequest,
+};
 use serde_json::Value;
 
-use super::db::{Dialect, Row, Tx, Q};
+use super::db::{named, Dialect, Row, Tx, Q};
+use super::machine::{self, Event as On, Failure, Transition};
 use super::sqlstore::insert_event_tx;
 use super::{InsertOutcome, StoreError};
 use crate::config::DeliveryConfig;
@@ -67,11 +60,6 @@ pub struct Delivery {
 /// How many columns [`COLS`] names.
 const COLS_N: usize = 26;
 
-/// A stored name (status, outcome) as its type.
-fn named<T>(s: &str, parse: fn(&str) -> Option<T>) -> Result<T, StoreError> {
-    parse(s).ok_or_else(|| StoreError::Corrupt(format!("unknown stored name {s:?}")))
-}
-
 fn delivery(r: &Row) -> Result<Delivery, StoreError> {
     Ok(Delivery {
         id: r.text(0)?,
@@ -107,6 +95,25 @@ fn delivery(r: &Row) -> Result<Delivery, StoreError> {
 }
 
 impl Delivery {
+    /// What the state machine needs of this row.
+    pub fn state(&self) -> machine::State<'_> {
+        machine::State {
+            status: self.status,
+            attempt: self.attempt,
+            max_attempts: self.max_attempts,
+            claim_token: self.claim_token.as_deref(),
+            claim_expires_at: self.claim_expires_at,
+            next_attempt_at: self.next_attempt_at,
+            expires_at: self.expires_at,
+            records_operations: self.records_operations,
+        }
+    }
+
+    /// Whether `caller` is the row's target.
+    fn for_caller(&self, caller: &PublicKey) -> bool {
+        self.target == caller.to_bytes()
+    }
+
     /// The claim answer (PROTOCOL.md section 7); `None` for a row that
     /// is not claimed (it has no token).
     pub fn claim_view(&self) -> Option<ClaimedDelivery> {
@@ -185,42 +192,22 @@ async fn load_with_membership(
     }
 }
 
-/// Loads a row for a holder's call and checks the fence; the refusal says
-/// which part failed.
-async fn fenced(
+/// Loads a row for a holder's call and asks the machine about `event`
+/// (a fenced call); the refusal says which part failed.
+async fn fenced<'e>(
     tx: &mut Tx<'_>,
     community: &str,
     id: &str,
-    caller: &PublicKey,
-    token: &str,
     now: i64,
-) -> Result<Answer<Delivery>, StoreError> {
-    let Some(d) = load(tx, community, id).await? else {
-        return Ok(Err(Refusal::NoDelivery));
-    };
-    Ok(check_fence(d, caller, token, now))
+    event: impl FnOnce(bool) -> On<'e>,
+    caller: &PublicKey,
+) -> Answer<(Delivery, Transition)> {
+    let d = load(tx, community, id).await?.ok_or(Refusal::NoDelivery)?;
+    let decided = machine::transition(&d.state(), event(d.for_caller(caller)), now)?;
+    Ok((d, decided))
 }
 
-fn check_fence(d: Delivery, caller: &PublicKey, token: &str, now: i64) -> Answer<Delivery> {
-    if d.target != caller.to_bytes() {
-        return Err(Refusal::NotTarget);
-    }
-    if d.status == Status::Cancelled {
-        return Err(Refusal::Cancelled);
-    }
-    if d.claim_token.as_deref() != Some(token) {
-        return Err(Refusal::StaleToken);
-    }
-    if d.status != Status::Claimed {
-        return Err(Refusal::NotClaimed(d.status));
-    }
-    if d.claim_expires_at.is_none_or(|t| t <= now) {
-        return Err(Refusal::LeaseExpired);
-    }
-    Ok(d)
-}
-
-fn lease_of(req_lease: Option<u64>, cfg: &DeliveryConfig) -> Answer<i64> {
+fn lease_of(req_lease: Option<u64>, cfg: &DeliveryConfig) -> Result<i64, Refusal> {
     let lease = req_lease.unwrap_or(cfg.default_lease_secs);
     if lease == 0 || lease > cfg.max_lease_secs {
         return Err(Refusal::BadLease {
@@ -238,7 +225,8 @@ fn lease_of(req_lease: Option<u64>, cfg: &DeliveryConfig) -> Answer<i64> {
 /// delivery was pending make `deliveries_pending_expiry` look empty, and a
 /// connection's cached plan then walks every pending row for each claim
 /// (measured in a burst of 10,000 deliveries: 334 blocks a claim, 0.46 ms,
-/// against 4 blocks by the key; `docs/performance.md`, seventh pass).
+/// against 4 blocks by the key; docs/performance.md, "Plans that depend on a
+/// quiet moment's statistics").
 const IS_PENDING: &str = "status IS NOT DISTINCT FROM 'pending'";
 /// See [`IS_PENDING`].
 const IS_CLAIMED: &str = "status IS NOT DISTINCT FROM 'claimed'";
@@ -254,105 +242,160 @@ pub async fn claim(
     caller: &PublicKey,
     req: &ClaimRequest,
     cfg: &DeliveryConfig,
-) -> Result<Answer<Option<Delivery>>, StoreError> {
-    let lease = match lease_of(req.lease_seconds, cfg) {
-        Ok(l) => l,
-        Err(r) => return Ok(Err(r)),
-    };
+) -> Answer<Option<Delivery>> {
+    let lease = lease_of(req.lease_seconds, cfg)?;
     let now = tx.now().await?;
     // Test-only: a claim that fails in the database (see `group::run_batch`).
     faults::check("claim:error")?;
-    let token = hex::encode(rand::random::<[u8; 32]>());
-    let records = req.records_operations.unwrap_or(false);
-    let set = "SET status = 'claimed', attempt = attempt + 1, claim_token = $3, claim_expires_at = $4, \
-               records_operations = $5, updated_at = $6";
-    let claimed = if let Some(id) = &req.delivery_id {
-        // The usual case, in one statement: the row is the caller's, due,
-        // bound as the wake said, and the lease ends within its lifetime.
-        // Anything else is sorted out below, from the loaded row.
-        if let Some(e) = &req.expected {
-            if let (Ok(def), Ok(msg)) = (
-                hex::decode(&e.definition_event_id),
-                hex::decode(&e.message_event_id),
-            ) {
-                let q = Q::new(format!(
-                    "UPDATE workflow_agent_deliveries {set} WHERE community_id = $1 AND id = $2 AND {IS_PENDING} \
-                     AND target_pubkey = $7 AND next_attempt_at <= $6 AND expires_at >= $4 AND run_id = $8 \
-                     AND step_id = $9 AND channel = $10 AND definition_event_id = $11 AND message_event_id = $12 \
-                     RETURNING {COLS}"
-                ))
-                .bind(community)
-                .bind(id.as_str())
-                .bind(token.as_str())
-                .bind(now + lease)
-                .bind(records)
-                .bind(now)
-                .bind(caller.to_bytes())
-                .bind(e.run_id.as_str())
-                .bind(e.step_id.as_str())
-                .bind(e.channel.as_str())
-                .bind(def)
-                .bind(msg);
-                if let Some(row) = tx.one(q).await? {
-                    return Ok(Ok(Some(delivery(&row)?)));
-                }
-            }
-        }
-        let Some(d) = load(tx, community, id).await? else {
-            return Ok(Err(Refusal::NoDelivery));
-        };
-        if d.target != caller.to_bytes() {
-            return Ok(Err(Refusal::NotTarget));
-        }
-        if d.status == Status::Cancelled {
-            return Ok(Err(Refusal::Cancelled));
-        }
-        if let Some(e) = &req.expected {
-            let matches = e.run_id == d.run_id
-                && e.step_id == d.step_id
-                && e.channel == d.channel
-                && e.definition_event_id
-                    .eq_ignore_ascii_case(&hex::encode(d.definition_event_id))
-                && e.message_event_id
-                    .eq_ignore_ascii_case(&hex::encode(d.message_event_id));
-            if !matches {
-                return Ok(Ok(None));
-            }
-        }
-        if d.status != Status::Pending || d.next_attempt_at > now || d.expires_at <= now {
-            return Ok(Ok(None));
-        }
-        if now + lease > d.expires_at {
-            return Ok(Err(Refusal::LeaseExceedsLifetime {
-                expires_at: d.expires_at,
-            }));
-        }
-        let q = Q::new(format!(
-            "UPDATE workflow_agent_deliveries {set} WHERE community_id = $1 AND id = $2 AND {IS_PENDING} \
-             RETURNING {COLS}"
-        ))
-        .bind(community)
-        .bind(id.as_str());
-        tx.one(q.bind(token).bind(now + lease).bind(records).bind(now))
-            .await?
-    } else {
-        let skip = if tx.dialect() == Dialect::Postgres {
-            " FOR UPDATE SKIP LOCKED"
-        } else {
-            ""
-        };
-        let q = Q::new(format!(
-            "UPDATE workflow_agent_deliveries {set} WHERE community_id = $1 AND {IS_PENDING} AND id = (\
-             SELECT id FROM workflow_agent_deliveries WHERE community_id = $1 AND target_pubkey = $2 \
-             AND status = 'pending' AND next_attempt_at <= $6 AND expires_at >= $4 \
-             ORDER BY next_attempt_at, created_at, id LIMIT 1{skip}) RETURNING {COLS}"
-        ))
-        .bind(community)
-        .bind(caller.to_bytes());
-        tx.one(q.bind(token).bind(now + lease).bind(records).bind(now))
-            .await?
+    let grant = Grant {
+        token: hex::encode(rand::random::<[u8; 32]>()),
+        claim_expires_at: now + lease,
+        records_operations: req.records_operations.unwrap_or(false),
+        now,
     };
-    Ok(Ok(claimed.as_ref().map(delivery).transpose()?))
+    let Some(id) = &req.delivery_id else {
+        return Ok(claim_oldest(tx, community, caller, &grant).await?);
+    };
+    if let Some(d) = claim_as_expected(tx, community, caller, id, req.expected.as_ref(), &grant).await? {
+        return Ok(Some(d));
+    }
+    claim_named(tx, community, caller, id, req.expected.as_ref(), lease, &grant).await
+}
+
+/// What a claim grants: the new token and lease.
+struct Grant {
+    token: String,
+    claim_expires_at: i64,
+    records_operations: bool,
+    /// The database clock.
+    now: i64,
+}
+
+/// The `SET` of a claim; its binds are `$3`..`$6` ([`Grant::bind`]).
+const CLAIM_SET: &str = "SET status = 'claimed', attempt = attempt + 1, claim_token = $3, \
+                         claim_expires_at = $4, records_operations = $5, updated_at = $6";
+
+impl Grant {
+    fn bind(&self, q: Q) -> Q {
+        q.bind(self.token.as_str())
+            .bind(self.claim_expires_at)
+            .bind(self.records_operations)
+            .bind(self.now)
+    }
+}
+
+/// The usual case, in one statement: the named row is the caller's, due,
+/// bound as the wake said, and the lease ends within its lifetime. `None`
+/// when any of that does not hold (sorted out by [`claim_named`]).
+async fn claim_as_expected(
+    tx: &mut Tx<'_>,
+    community: &str,
+    caller: &PublicKey,
+    id: &str,
+    expected: Option<&Expected>,
+    grant: &Grant,
+) -> Result<Option<Delivery>, StoreError> {
+    let Some(e) = expected else {
+        return Ok(None);
+    };
+    let (Ok(def), Ok(msg)) = (
+        hex::decode(&e.definition_event_id),
+        hex::decode(&e.message_event_id),
+    ) else {
+        return Ok(None);
+    };
+    let q = Q::new(format!(
+        "UPDATE workflow_agent_deliveries {CLAIM_SET} WHERE community_id = $1 AND id = $2 AND {IS_PENDING} \
+         AND target_pubkey = $7 AND next_attempt_at <= $6 AND expires_at >= $4 AND run_id = $8 \
+         AND step_id = $9 AND channel = $10 AND definition_event_id = $11 AND message_event_id = $12 \
+         RETURNING {COLS}"
+    ))
+    .bind(community)
+    .bind(id);
+    let q = grant
+        .bind(q)
+        .bind(caller.to_bytes())
+        .bind(e.run_id.as_str())
+        .bind(e.step_id.as_str())
+        .bind(e.channel.as_str())
+        .bind(def)
+        .bind(msg);
+    tx.one(q).await?.as_ref().map(delivery).transpose()
+}
+
+/// A named claim, from the loaded row: the machine decides, and the
+/// expected bindings must match.
+async fn claim_named(
+    tx: &mut Tx<'_>,
+    community: &str,
+    caller: &PublicKey,
+    id: &str,
+    expected: Option<&Expected>,
+    lease: i64,
+    grant: &Grant,
+) -> Answer<Option<Delivery>> {
+    let d = load(tx, community, id).await?.ok_or(Refusal::NoDelivery)?;
+    let asked = On::Claim {
+        is_target: d.for_caller(caller),
+        lease_secs: lease,
+    };
+    // Another agent's, or cancelled: refused before anything of the row is
+    // compared (the caller learns nothing of its bindings).
+    let decided = machine::transition(&d.state(), asked, grant.now);
+    if let Err(r @ (Refusal::NotTarget | Refusal::Cancelled)) = decided {
+        return Err(r.into());
+    }
+    if expected.is_some_and(|e| !d.bound_as(e)) {
+        return Ok(None);
+    }
+    match decided? {
+        Transition::NotDue => return Ok(None),
+        t => debug_assert!(matches!(t, Transition::Claim { .. }), "{t:?}"),
+    }
+    let q = Q::new(format!(
+        "UPDATE workflow_agent_deliveries {CLAIM_SET} WHERE community_id = $1 AND id = $2 AND {IS_PENDING} \
+         RETURNING {COLS}"
+    ))
+    .bind(community)
+    .bind(id);
+    Ok(tx.one(grant.bind(q)).await?.as_ref().map(delivery).transpose()?)
+}
+
+/// The caller's oldest due row (rows another claim holds are skipped on
+/// PostgreSQL).
+async fn claim_oldest(
+    tx: &mut Tx<'_>,
+    community: &str,
+    caller: &PublicKey,
+    grant: &Grant,
+) -> Result<Option<Delivery>, StoreError> {
+    let skip = if tx.dialect() == Dialect::Postgres {
+        " FOR UPDATE SKIP LOCKED"
+    } else {
+        ""
+    };
+    let q = Q::new(format!(
+        "UPDATE workflow_agent_deliveries {CLAIM_SET} WHERE community_id = $1 AND {IS_PENDING} AND id = (\
+         SELECT id FROM workflow_agent_deliveries WHERE community_id = $1 AND target_pubkey = $2 \
+         AND status = 'pending' AND next_attempt_at <= $6 AND expires_at >= $4 \
+         ORDER BY next_attempt_at, created_at, id LIMIT 1{skip}) RETURNING {COLS}"
+    ))
+    .bind(community)
+    .bind(caller.to_bytes());
+    tx.one(grant.bind(q)).await?.as_ref().map(delivery).transpose()
+}
+
+impl Delivery {
+    /// Whether the row is bound as a wake said (`expected`).
+    fn bound_as(&self, e: &Expected) -> bool {
+        e.run_id == self.run_id
+            && e.step_id == self.step_id
+            && e.channel == self.channel
+            && e.definition_event_id
+                .eq_ignore_ascii_case(&hex::encode(self.definition_event_id))
+            && e.message_event_id
+                .eq_ignore_ascii_case(&hex::encode(self.message_event_id))
+    }
 }
 
 /// Extends a lease. Its one write is its last statement, after every
@@ -362,24 +405,21 @@ pub async fn renew(
     community: &str,
     caller: &PublicKey,
     id: &str,
-    token: &str,
-    lease_seconds: Option<u64>,
+    req: &RenewRequest,
     cfg: &DeliveryConfig,
-) -> Result<Answer<i64>, StoreError> {
-    let lease = match lease_of(lease_seconds, cfg) {
-        Ok(l) => l,
-        Err(r) => return Ok(Err(r)),
-    };
+) -> Answer<i64> {
+    let lease = lease_of(req.lease_seconds, cfg)?;
+    let token = req.claim_token.as_str();
     let now = tx.now().await?;
-    let d = match fenced(tx, community, id, caller, token, now).await? {
-        Ok(d) => d,
-        Err(r) => return Ok(Err(r)),
+    let renew = |is_target| On::Renew {
+        is_target,
+        token,
+        lease_secs: lease,
     };
-    if now + lease > d.expires_at {
-        return Ok(Err(Refusal::LeaseExceedsLifetime {
-            expires_at: d.expires_at,
-        }));
-    }
+    let claim_expires_at = match fenced(tx, community, id, now, renew, caller).await? {
+        (_, Transition::Renew { claim_expires_at }) => claim_expires_at,
+        (_, other) => unreachable!("a renew decides a renew, not {other:?}"),
+    };
     tx.exec(
         Q::new(format!(
             "UPDATE workflow_agent_deliveries SET claim_expires_at = $3, updated_at = $4 \
@@ -387,35 +427,31 @@ pub async fn renew(
         ))
         .bind(community)
         .bind(id)
-        .bind(now + lease)
+        .bind(claim_expires_at)
         .bind(now)
         .bind(token),
     )
     .await?;
-    Ok(Ok(now + lease))
+    Ok(claim_expires_at)
 }
 
 /// Records an operation of the current attempt (before it is done). Its
 /// one write is its last statement, after every refusal (see [`claim`]).
-#[allow(clippy::too_many_arguments)]
 pub async fn record_operation(
     tx: &mut Tx<'_>,
     community: &str,
     caller: &PublicKey,
     id: &str,
-    token: &str,
-    name: &str,
-    effect: Effect,
+    req: &OperationRequest,
     cfg: &DeliveryConfig,
-) -> Result<Answer<()>, StoreError> {
+) -> Answer<()> {
+    let (token, name) = (req.claim_token.as_str(), req.name.as_str());
     if name.is_empty() || name.len() > 256 {
-        return Ok(Err(Refusal::BadName));
+        return Err(Refusal::BadName.into());
     }
     let now = tx.now().await?;
-    let d = match fenced(tx, community, id, caller, token, now).await? {
-        Ok(d) => d,
-        Err(r) => return Ok(Err(r)),
-    };
+    let hold = |is_target| On::Hold { is_target, token };
+    let (d, _) = fenced(tx, community, id, now, hold, caller).await?;
     let count = tx
         .one(
             Q::new(
@@ -430,7 +466,7 @@ pub async fn record_operation(
         .transpose()?
         .unwrap_or(0);
     if count >= i64::from(cfg.max_operations_per_attempt) {
-        return Ok(Err(Refusal::TooManyOperations));
+        return Err(Refusal::TooManyOperations.into());
     }
     tx.exec(
         Q::new(
@@ -442,11 +478,11 @@ pub async fn record_operation(
         .bind(d.attempt)
         .bind(count + 1)
         .bind(name)
-        .bind(effect.as_str())
+        .bind(req.effect.as_str())
         .bind(now),
     )
     .await?;
-    Ok(Ok(()))
+    Ok(())
 }
 
 /// Operations recorded for a delivery, in order: (attempt, name, effect).
@@ -532,7 +568,7 @@ pub struct Finished {
 /// Checks a reply: a kind 9 by the target, in the delivery's channel, whose
 /// author is still a member (`member`, read with the row). (Its id and
 /// signature are checked by the caller, outside any transaction.)
-fn check_reply(d: &Delivery, member: bool, reply: &Event) -> Answer<()> {
+fn check_reply(d: &Delivery, member: bool, reply: &Event) -> Result<(), Refusal> {
     let bad = |m: &str| Err(Refusal::BadReply(m.to_string()));
     if reply.kind.as_u16() != protocol::workflow::MESSAGE_KIND {
         return bad("reply must be a kind 9");
@@ -559,106 +595,165 @@ pub async fn finish(
     id: &str,
     req: &FinishRequest,
     cfg: &DeliveryConfig,
-) -> Result<Answer<Finished>, StoreError> {
+) -> Answer<Finished> {
     let now = tx.now().await?;
     let Some((d, member)) = load_with_membership(tx, community, id).await? else {
-        return Ok(Err(Refusal::NoDelivery));
+        return Err(Refusal::NoDelivery.into());
     };
-    if d.target != caller.to_bytes() {
-        return Ok(Err(Refusal::NotTarget));
+    if !d.for_caller(caller) {
+        return Err(Refusal::NotTarget.into());
     }
-    // The same finish again, after it succeeded: the same answer.
-    if d.finished_token.as_deref() == Some(req.claim_token.as_str())
-        && d.finished_outcome == Some(req.outcome)
-    {
-        let status = d.finished_status.unwrap_or(d.status);
-        return Ok(Ok(Finished {
+    if let Some(status) = d.finished_as(req) {
+        return Ok(Finished {
             status,
             published: Vec::new(),
-        }));
+        });
     }
-    let d = match check_fence(d, caller, &req.claim_token, now) {
-        Ok(d) => d,
-        Err(r) => return Ok(Err(r)),
+    let asked = On::Finish {
+        is_target: true,
+        token: &req.claim_token,
+        outcome: req.outcome,
+        backoff_secs: backoff_after(cfg, d.attempt),
     };
+    let decided = machine::transition(&d.state(), asked, now)?;
     let mut published = Vec::new();
-    let mut reply_id: Option<[u8; 32]> = None;
-    if let Some(reply) = &req.reply {
-        if let Err(r) = check_reply(&d, member, reply) {
-            return Ok(Err(r));
-        }
-        let raw = serde_json::to_string(reply).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        match insert_event_tx(tx, community, reply, &raw, Some(&d.channel)).await? {
-            InsertOutcome::Stored => published.push((reply.clone(), raw)),
-            InsertOutcome::Duplicate => {}
-            InsertOutcome::Rejected(why) => return Ok(Err(Refusal::BadReply(why))),
-        }
-        reply_id = Some(reply.id.to_bytes());
-    }
+    let reply_id = store_reply(tx, community, &d, member, req.reply.as_ref())
+        .await?
+        .map(|(id, announce)| {
+            published.extend(announce);
+            id
+        });
     faults::check("finish:after_reply")?;
-    let status = match req.outcome {
-        // The status and the finish record below in one statement.
-        Outcome::Delivered => Status::Delivered,
-        Outcome::Retry if d.attempt < d.max_attempts => {
-            let attempt = u32::try_from(d.attempt).unwrap_or(u32::MAX);
-            let next = now + i64::try_from(cfg.backoff_secs(attempt)).unwrap_or(i64::MAX);
-            tx.exec(
-                Q::new(
-                    "UPDATE workflow_agent_deliveries SET status = 'pending', claim_token = NULL, \
-                     claim_expires_at = NULL, next_attempt_at = $3, updated_at = $4 \
-                     WHERE community_id = $1 AND id = $2",
-                )
-                .bind(community)
-                .bind(id)
-                .bind(next)
-                .bind(now),
-            )
-            .await?;
-            Status::Pending
-        }
-        Outcome::Retry => {
-            published.push(
-                fail(
-                    tx,
-                    community,
-                    keys,
-                    &d,
-                    Status::Failed,
-                    "attempts_exhausted",
-                    None,
-                    now,
-                )
-                .await?,
-            );
-            Status::Failed
-        }
-        Outcome::Failed => {
-            let code = req
-                .failure_code
-                .as_deref()
-                .filter(|c| !c.is_empty() && c.len() <= 64)
-                .unwrap_or("agent_failed");
-            let message = req
-                .failure_message
-                .as_deref()
-                .map(|m| m.chars().take(1000).collect::<String>());
-            published.push(
-                fail(
-                    tx,
-                    community,
-                    keys,
-                    &d,
-                    Status::Failed,
-                    code,
-                    message.as_deref(),
-                    now,
-                )
-                .await?,
-            );
-            Status::Failed
-        }
+    let (status, notice) = apply(tx, community, keys, &d, decided, agent_failure(req), now).await?;
+    published.extend(notice);
+    record_finish(tx, community, id, req, status, reply_id, now).await?;
+    faults::check("finish:after_status")?;
+    Ok(Finished { status, published })
+}
+
+impl Delivery {
+    /// The status a finish already left, when `req` repeats it (same
+    /// token, same outcome): the same answer again.
+    fn finished_as(&self, req: &FinishRequest) -> Option<Status> {
+        let same = self.finished_token.as_deref() == Some(req.claim_token.as_str())
+            && self.finished_outcome == Some(req.outcome);
+        same.then(|| self.finished_status.unwrap_or(self.status))
+    }
+}
+
+/// The wait before the next attempt after a retry of `attempt`.
+fn backoff_after(cfg: &DeliveryConfig, attempt: i64) -> i64 {
+    let attempt = u32::try_from(attempt).unwrap_or(u32::MAX);
+    i64::try_from(cfg.backoff_secs(attempt)).unwrap_or(i64::MAX)
+}
+
+/// The agent's failure code and message, bounded (64 bytes, 1,000
+/// characters).
+fn agent_failure(req: &FinishRequest) -> (&str, Option<String>) {
+    let code = req
+        .failure_code
+        .as_deref()
+        .filter(|c| !c.is_empty() && c.len() <= 64)
+        .unwrap_or("agent_failed");
+    let message = req
+        .failure_message
+        .as_deref()
+        .map(|m| m.chars().take(1000).collect::<String>());
+    (code, message)
+}
+
+/// Checks and stores a finish's reply: its id, and the event to announce
+/// when it was new.
+async fn store_reply(
+    tx: &mut Tx<'_>,
+    community: &str,
+    d: &Delivery,
+    member: bool,
+    reply: Option<&Event>,
+) -> Answer<Option<([u8; 32], Option<(Event, String)>)>> {
+    let Some(reply) = reply else {
+        return Ok(None);
     };
-    // A delivered row leaves `claimed` here; the other outcomes moved above.
+    if let Err(r) = check_reply(d, member, reply) {
+        return Err(r.into());
+    }
+    let raw = serde_json::to_string(reply).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let announce = match insert_event_tx(tx, community, reply, &raw, Some(&d.channel)).await? {
+        InsertOutcome::Stored => Some((reply.clone(), raw)),
+        InsertOutcome::Duplicate => None,
+        InsertOutcome::Rejected(why) => return Err(Refusal::BadReply(why).into()),
+    };
+    Ok(Some((reply.id.to_bytes(), announce)))
+}
+
+/// Applies what the machine decided for a row, but the finish record: the
+/// new status, and the notice of a terminal failure or expiry. A
+/// `Deliver` is left to [`record_finish`], which writes it with the
+/// finish in one statement. `agent`: the code and message of
+/// [`Failure::Agent`].
+async fn apply(
+    tx: &mut Tx<'_>,
+    community: &str,
+    keys: &Keys,
+    d: &Delivery,
+    decided: Transition,
+    agent: (&str, Option<String>),
+    now: i64,
+) -> Result<(Status, Option<(Event, String)>), StoreError> {
+    let (status, code, message) = match decided {
+        Transition::Deliver => return Ok((Status::Delivered, None)),
+        Transition::Backoff { next_attempt_at } => {
+            to_pending(tx, community, &d.id, next_attempt_at, now).await?;
+            return Ok((Status::Pending, None));
+        }
+        Transition::Redeliver => {
+            to_pending(tx, community, &d.id, now, now).await?;
+            return Ok((Status::Pending, None));
+        }
+        Transition::Fail(Failure::Agent) => (Status::Failed, agent.0, agent.1),
+        Transition::Fail(f) => (Status::Failed, f.code().unwrap_or("failed"), None),
+        Transition::Expire => (Status::Expired, "expired", None),
+        Transition::Stays => return Ok((d.status, None)),
+        other => unreachable!("not an ending of an attempt: {other:?}"),
+    };
+    let notice = fail(tx, community, keys, d, status, code, message.as_deref(), now).await?;
+    Ok((status, Some(notice)))
+}
+
+/// `claimed -> pending`, due at `next_attempt_at`.
+async fn to_pending(
+    tx: &mut Tx<'_>,
+    community: &str,
+    id: &str,
+    next_attempt_at: i64,
+    now: i64,
+) -> Result<(), StoreError> {
+    tx.exec(
+        Q::new(
+            "UPDATE workflow_agent_deliveries SET status = 'pending', claim_token = NULL, \
+             claim_expires_at = NULL, next_attempt_at = $3, updated_at = $4 \
+             WHERE community_id = $1 AND id = $2",
+        )
+        .bind(community)
+        .bind(id)
+        .bind(next_attempt_at)
+        .bind(now),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Records the finish (so a repeat gets the same answer) and, for a
+/// delivered row, leaves `claimed` in the same statement.
+async fn record_finish(
+    tx: &mut Tx<'_>,
+    community: &str,
+    id: &str,
+    req: &FinishRequest,
+    status: Status,
+    reply_id: Option<[u8; 32]>,
+    now: i64,
+) -> Result<(), StoreError> {
     let delivered = status == Status::Delivered;
     tx.exec(
         Q::new(
@@ -679,8 +774,7 @@ pub async fn finish(
         .bind(now),
     )
     .await?;
-    faults::check("finish:after_status")?;
-    Ok(Ok(Finished { status, published }))
+    Ok(())
 }
 
 /// Expires unclaimed rows past their lifetime and ends lapsed leases.
@@ -699,84 +793,80 @@ pub async fn sweep(
     tx.lock(&super::sqlstore::author_lock_key(community, &keys.public_key()))
         .await?;
     let now = tx.now().await?;
-    let mut published = Vec::new();
     let batch = i64::from(cfg.sweep_batch);
+    let mut published = Vec::new();
+    for d in due(tx, community, "status = 'pending' AND expires_at", now, batch).await? {
+        let decided = sweep_decision(&d, On::LifetimeOver, now);
+        let (_, notice) = apply(tx, community, keys, &d, decided, ("", None), now).await?;
+        published.extend(notice);
+        faults::check("sweep:after_transition")?;
+    }
+    for d in due(
+        tx,
+        community,
+        "status = 'claimed' AND claim_expires_at",
+        now,
+        batch,
+    )
+    .await?
+    {
+        let wrote = wrote_in_attempt(tx, community, &d).await?;
+        let decided = sweep_decision(&d, On::LeaseLapsed { wrote }, now);
+        let (_, notice) = apply(tx, community, keys, &d, decided, ("", None), now).await?;
+        published.extend(notice);
+        faults::check("sweep:after_transition")?;
+    }
+    Ok(published)
+}
+
+/// The machine's decision on a sweeper's event, which is never refused
+/// (only a caller's calls are fenced).
+fn sweep_decision(d: &Delivery, event: On<'_>, now: i64) -> Transition {
+    machine::transition(&d.state(), event, now).expect("the sweeper's events are not fenced")
+}
+
+/// Up to `batch` rows in a state whose deadline column (`state_and_deadline`
+/// ends with it) is at or before `now`, oldest deadline first; on
+/// PostgreSQL rows another sweeper holds are skipped.
+async fn due(
+    tx: &mut Tx<'_>,
+    community: &str,
+    state_and_deadline: &str,
+    now: i64,
+    batch: i64,
+) -> Result<Vec<Delivery>, StoreError> {
     let lock = if tx.dialect() == Dialect::Postgres {
         " FOR UPDATE SKIP LOCKED"
     } else {
         ""
     };
-    let expired = tx
+    let deadline = state_and_deadline.rsplit(' ').next().unwrap_or_default();
+    let rows = tx
         .all(
             Q::new(format!(
-                "SELECT {COLS} FROM workflow_agent_deliveries WHERE community_id = $1 AND status = 'pending' \
-                 AND expires_at <= $2 ORDER BY expires_at LIMIT $3{lock}"
+                "SELECT {COLS} FROM workflow_agent_deliveries WHERE community_id = $1 AND {state_and_deadline} <= $2 \
+                 ORDER BY {deadline} LIMIT $3{lock}"
             ))
             .bind(community)
             .bind(now)
             .bind(batch),
         )
         .await?;
-    for r in &expired {
-        let d = delivery(r)?;
-        published.push(fail(tx, community, keys, &d, Status::Expired, "expired", None, now).await?);
-        faults::check("sweep:after_transition")?;
-    }
-    let lapsed = tx
-        .all(
-            Q::new(format!(
-                "SELECT {COLS} FROM workflow_agent_deliveries WHERE community_id = $1 AND status = 'claimed' \
-                 AND claim_expires_at <= $2 ORDER BY claim_expires_at LIMIT $3{lock}"
-            ))
-            .bind(community)
-            .bind(now)
-            .bind(batch),
+    rows.iter().map(delivery).collect()
+}
+
+/// Whether the row's current attempt recorded a write.
+async fn wrote_in_attempt(tx: &mut Tx<'_>, community: &str, d: &Delivery) -> Result<bool, StoreError> {
+    tx.exists(
+        Q::new(
+            "SELECT 1 FROM delivery_operations WHERE community_id = $1 AND delivery_id = $2 \
+             AND attempt = $3 AND effect = 'write'",
         )
-        .await?;
-    for r in &lapsed {
-        let d = delivery(r)?;
-        let wrote = tx
-            .exists(
-                Q::new(
-                    "SELECT 1 FROM delivery_operations WHERE community_id = $1 AND delivery_id = $2 \
-                     AND attempt = $3 AND effect = 'write'",
-                )
-                .bind(community)
-                .bind(d.id.as_str())
-                .bind(d.attempt),
-            )
-            .await?;
-        if d.records_operations && !wrote && d.attempt < d.max_attempts && d.expires_at > now {
-            // Nothing was done: redelivery is safe.
-            tx.exec(
-                Q::new(
-                    "UPDATE workflow_agent_deliveries SET status = 'pending', claim_token = NULL, \
-                     claim_expires_at = NULL, next_attempt_at = $3, updated_at = $3 \
-                     WHERE community_id = $1 AND id = $2",
-                )
-                .bind(community)
-                .bind(d.id.as_str())
-                .bind(now),
-            )
-            .await?;
-        } else {
-            published.push(
-                fail(
-                    tx,
-                    community,
-                    keys,
-                    &d,
-                    Status::Failed,
-                    "lease_expired",
-                    None,
-                    now,
-                )
-                .await?,
-            );
-        }
-        faults::check("sweep:after_transition")?;
-    }
-    Ok(published)
+        .bind(community)
+        .bind(d.id.as_str())
+        .bind(d.attempt),
+    )
+    .await
 }
 
 /// The caller's own deliveries, newest first.

@@ -1,5 +1,7 @@
-//! Group commit for the store's small write calls: NIP-98 auth records,
-//! delivery claims, renews, operations and finishes, and channel events.
+//! Group commit for the store's small write calls (`calls.rs`: NIP-98 auth
+//! records, delivery claims, renews, operations and finishes, and channel
+//! events). Each call is a type with its own reply ([`WriteCall`]); this
+//! module queues, batches, runs and answers them.
 //!
 //! Why: each of these is a transaction of a few statements, and on SQLite
 //! every one of them waited for the one writer connection. Measured in the
@@ -20,183 +22,41 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use nostr::prelude::{Event, Keys, PublicKey};
+use futures_util::future::BoxFuture;
+use nostr::prelude::PublicKey;
 use tokio::sync::{mpsc, oneshot};
 
 use super::api::HttpAuthUse;
 use super::db::{Conn, Dialect, Pool, Tx, Q};
-use super::deliveries::{self, Answer, ClaimRequest, Delivery, FinishRequest, Finished};
-use super::sqlstore::author_lock_key;
-use super::{InsertOutcome, Published, StoreError};
-use crate::config::{ChannelPolicy, DeliveryConfig};
+use super::refusal::{Answer, CallError, Refusal};
+use super::StoreError;
+use crate::config::DeliveryConfig;
 
-/// A write call and its arguments (owned: it outlives the caller's borrow).
-/// Each is moved once into the queue and answered once: variant sizes do
-/// not matter enough to box them.
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum Call {
-    /// Nothing but the job's auth record (a NIP-98 request that writes
-    /// nothing else): submitted with [`Calls::run_spending`].
-    HttpAuth { community: String },
-    Claim {
-        community: String,
-        caller: PublicKey,
-        req: ClaimRequest,
-        cfg: DeliveryConfig,
-    },
-    Renew {
-        community: String,
-        caller: PublicKey,
-        id: String,
-        token: String,
-        lease_seconds: Option<u64>,
-        cfg: DeliveryConfig,
-    },
-    Operation {
-        community: String,
-        caller: PublicKey,
-        id: String,
-        token: String,
-        name: String,
-        effect: protocol::api::Effect,
-        cfg: DeliveryConfig,
-    },
-    Finish {
-        community: String,
-        keys: Keys,
-        caller: PublicKey,
-        id: String,
-        req: FinishRequest,
-        cfg: DeliveryConfig,
-    },
-    ChannelEvent {
-        community: String,
-        keys: Keys,
-        policy: ChannelPolicy,
-        event: Arc<Event>,
-        raw: Arc<str>,
-    },
-}
+/// One write call: its arguments (owned: it outlives the caller's borrow),
+/// how it runs and what it answers. Its reply type is its own, so a call
+/// cannot be answered with another's.
+pub(crate) trait WriteCall: Send + Sync + 'static {
+    type Reply: Send + Sync + 'static;
 
-/// What a call answered.
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum Done {
-    /// The auth event was recorded as used (it had not been).
-    HttpAuth,
-    Claim(Answer<Option<Delivery>>),
-    Renew(Answer<i64>),
-    Operation(Answer<()>),
-    Finish(Answer<Finished>),
-    ChannelEvent(InsertOutcome, Published),
-    /// The call's auth event was already used: the call did not run.
-    Replayed,
-}
-
-impl Done {
-    /// Whether the call's writes stand. A refusal, or an event not stored,
-    /// is rolled back: it must leave no trace (its own transaction would
-    /// not have been committed either).
-    fn keeps(&self) -> bool {
-        match self {
-            Done::HttpAuth => true,
-            Done::Claim(a) => a.is_ok(),
-            Done::Renew(a) => a.is_ok(),
-            Done::Operation(a) => a.is_ok(),
-            Done::Finish(a) => a.is_ok(),
-            Done::ChannelEvent(outcome, _) => *outcome == InsertOutcome::Stored,
-            Done::Replayed => true,
-        }
-    }
-
-    /// Raw events this call stored, to announce to other relay processes.
-    fn announced(&self) -> Vec<&str> {
-        match self {
-            Done::Finish(Ok(f)) => f.published.iter().map(|(_, raw)| raw.as_str()).collect(),
-            Done::ChannelEvent(InsertOutcome::Stored, published) => {
-                published.iter().map(|(_, raw)| raw.as_str()).collect()
-            }
-            _ => Vec::new(),
-        }
-    }
-}
-
-impl Call {
-    async fn run(&self, tx: &mut Tx<'_>) -> Result<Done, StoreError> {
-        Ok(match self {
-            // Its record was written before the calls ran (`spend_all`):
-            // a replay never gets here.
-            Call::HttpAuth { .. } => Done::HttpAuth,
-            Call::Claim {
-                community,
-                caller,
-                req,
-                cfg,
-            } => Done::Claim(deliveries::claim(tx, community, caller, req, cfg).await?),
-            Call::Renew {
-                community,
-                caller,
-                id,
-                token,
-                lease_seconds,
-                cfg,
-            } => Done::Renew(deliveries::renew(tx, community, caller, id, token, *lease_seconds, cfg).await?),
-            Call::Operation {
-                community,
-                caller,
-                id,
-                token,
-                name,
-                effect,
-                cfg,
-            } => Done::Operation(
-                deliveries::record_operation(tx, community, caller, id, token, name, *effect, cfg).await?,
-            ),
-            Call::Finish {
-                community,
-                keys,
-                caller,
-                id,
-                req,
-                cfg,
-            } => Done::Finish(deliveries::finish(tx, community, keys, caller, id, req, cfg).await?),
-            Call::ChannelEvent {
-                community,
-                keys,
-                policy,
-                event,
-                raw,
-            } => {
-                let (outcome, published) =
-                    super::channels::apply(tx, community, keys, policy, event, raw).await?;
-                Done::ChannelEvent(outcome, published)
-            }
-        })
-    }
-
-    /// Whether every write of this call is its last statement, and every
-    /// refusal comes before it: then the call needs no savepoint (a refusal
-    /// has written nothing; an error fails the whole batch, see
-    /// `run_batch`). The functions named here keep that shape; see their
-    /// doc comments.
-    fn one_write(&self) -> bool {
-        matches!(
-            self,
-            Call::HttpAuth { .. } | Call::Claim { .. } | Call::Renew { .. } | Call::Operation { .. }
-        )
-    }
+    fn community(&self) -> &str;
 
     /// Who makes the call: its writer is chosen by it, so that one
     /// caller's calls (and the locks they take: its delivery rows, its
     /// author lock) never wait on each other from two writers at once.
-    fn caller(&self) -> Option<&PublicKey> {
-        match self {
-            Call::HttpAuth { .. } => None,
-            Call::Claim { caller, .. }
-            | Call::Renew { caller, .. }
-            | Call::Operation { caller, .. }
-            | Call::Finish { caller, .. } => Some(caller),
-            Call::ChannelEvent { event, .. } => Some(&event.pubkey),
-        }
+    fn caller(&self) -> Option<&PublicKey>;
+
+    /// Whether every write of this call is its last statement, and every
+    /// refusal comes before it: then the call needs no savepoint (a refusal
+    /// has written nothing; an error fails the whole batch, see
+    /// `run_batch`). The functions that say so keep that shape; see their
+    /// doc comments.
+    fn one_write(&self) -> bool {
+        false
+    }
+
+    /// Whether the call starts work (see [`next_batch`]).
+    fn starts_work(&self) -> bool {
+        false
     }
 
     /// The [`Tx::lock`] keys this call takes, known before it runs: its
@@ -204,58 +64,114 @@ impl Call {
     /// two writers' batches never wait on each other in a cycle. A call may
     /// still lock something not listed here (a workflow run), but not
     /// something a concurrent batch takes up front and then waits behind.
-    /// - a channel event: its channel, its author and, for the kinds that
-    ///   make the relay re-sign the channel's metadata, the community key
-    ///   (as the author of those events);
-    /// - a finish: the author of its reply and, unless the outcome is
-    ///   `delivered`, the community key (a failure is announced by a
-    ///   relay-signed notice);
-    /// - the rest lock rows only.
     fn lock_keys(&self) -> Vec<String> {
-        match self {
-            Call::ChannelEvent {
-                community,
-                keys,
-                event,
-                ..
-            } => {
-                let mut out = vec![author_lock_key(community, &event.pubkey)];
-                if let Some(channel) = super::channels::h_tag(event) {
-                    out.push(super::channels::lock_key(community, channel));
-                }
-                if super::channels::republishes(event.kind.as_u16()) {
-                    out.push(author_lock_key(community, &keys.public_key()));
-                }
-                out
-            }
-            Call::Finish {
-                community, keys, req, ..
-            } => {
-                let mut out: Vec<String> = req
-                    .reply
-                    .iter()
-                    .map(|r| author_lock_key(community, &r.pubkey))
-                    .collect();
-                if req.outcome != protocol::api::Outcome::Delivered {
-                    out.push(author_lock_key(community, &keys.public_key()));
-                }
-                out
-            }
-            Call::HttpAuth { .. } | Call::Claim { .. } | Call::Renew { .. } | Call::Operation { .. } => {
-                Vec::new()
-            }
+        Vec::new()
+    }
+
+    /// Runs the call in `tx` (inside its savepoint, when it has one).
+    fn run<'a>(&'a self, tx: &'a mut Tx<'_>, cfg: &'a DeliveryConfig) -> BoxFuture<'a, Answer<Self::Reply>>;
+
+    /// Whether a reply's writes stand. A refusal always rolls back: it must
+    /// leave no trace (its own transaction would not have been committed
+    /// either); so does a reply this says does not keep.
+    fn keeps(_reply: &Self::Reply) -> bool {
+        true
+    }
+
+    /// Raw events the reply stored, to announce to other relay processes.
+    fn announced(_reply: &Self::Reply) -> Vec<&str> {
+        Vec::new()
+    }
+}
+
+/// A queued call, its answer once it ran, and where the answer goes.
+struct Job<C: WriteCall> {
+    call: C,
+    /// The auth event the call spends (recorded before the batch's calls
+    /// run: `spend_all`).
+    spends: Option<HttpAuthUse>,
+    answer: Option<Answer<C::Reply>>,
+    reply: oneshot::Sender<Answer<C::Reply>>,
+}
+
+/// A [`Job`] of any call, as the writer handles it.
+trait Queued: Send + Sync {
+    fn community(&self) -> &str;
+    fn spends(&self) -> Option<&HttpAuthUse>;
+    fn one_write(&self) -> bool;
+    fn starts_work(&self) -> bool;
+    fn lock_keys(&self) -> Vec<String>;
+    /// Runs the call and keeps its answer.
+    fn run<'a>(&'a mut self, tx: &'a mut Tx<'_>, cfg: &'a DeliveryConfig) -> BoxFuture<'a, ()>;
+    /// Its auth event was already used: the call does not run.
+    fn replayed(&mut self);
+    /// Whether its answer's writes stand.
+    fn kept(&self) -> bool;
+    /// Whether it failed (not refused): an error of the store.
+    fn failed(&self) -> bool;
+    fn announced(&self) -> Vec<&str>;
+    /// Its transaction was lost: the answer is `e`.
+    fn lose(&mut self, e: &Arc<StoreError>);
+    fn send(self: Box<Self>);
+}
+
+impl<C: WriteCall> Queued for Job<C> {
+    fn community(&self) -> &str {
+        self.call.community()
+    }
+
+    fn spends(&self) -> Option<&HttpAuthUse> {
+        self.spends.as_ref()
+    }
+
+    fn one_write(&self) -> bool {
+        self.call.one_write()
+    }
+
+    fn starts_work(&self) -> bool {
+        self.call.starts_work()
+    }
+
+    fn lock_keys(&self) -> Vec<String> {
+        self.call.lock_keys()
+    }
+
+    fn run<'a>(&'a mut self, tx: &'a mut Tx<'_>, cfg: &'a DeliveryConfig) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            self.answer = Some(self.call.run(tx, cfg).await);
+        })
+    }
+
+    fn replayed(&mut self) {
+        let r = Refusal::Replayed(protocol::nip98::Nip98Error::Replayed.to_string());
+        self.answer = Some(Err(r.into()));
+    }
+
+    fn kept(&self) -> bool {
+        matches!(&self.answer, Some(Ok(reply)) if C::keeps(reply))
+    }
+
+    fn failed(&self) -> bool {
+        matches!(&self.answer, Some(Err(CallError::Store(_))))
+    }
+
+    fn announced(&self) -> Vec<&str> {
+        match &self.answer {
+            Some(Ok(reply)) => C::announced(reply),
+            _ => Vec::new(),
         }
     }
 
-    fn community(&self) -> &str {
-        match self {
-            Call::HttpAuth { community, .. }
-            | Call::Claim { community, .. }
-            | Call::Renew { community, .. }
-            | Call::Operation { community, .. }
-            | Call::Finish { community, .. }
-            | Call::ChannelEvent { community, .. } => community,
-        }
+    fn lose(&mut self, e: &Arc<StoreError>) {
+        self.answer = Some(Err(StoreError::Batch(e.clone()).into()));
+    }
+
+    fn send(self: Box<Self>) {
+        let answer = self.answer.unwrap_or_else(|| {
+            debug_assert!(false, "a call is answered once it ran");
+            Err(StoreError::Stopped("call writer").into())
+        });
+        let _ = self.reply.send(answer);
     }
 }
 
@@ -263,10 +179,10 @@ impl Call {
 /// statement; returns, per job, whether its event was fresh (`None`: the
 /// job spends none). Of two jobs spending the same event, the first gets
 /// it: the later one is a replay, as if it had come in a later batch.
-async fn spend_all(tx: &mut Tx<'_>, batch: &[Job]) -> Result<Vec<Option<bool>>, StoreError> {
+async fn spend_all(tx: &mut Tx<'_>, batch: &[Box<dyn Queued>]) -> Result<Vec<Option<bool>>, StoreError> {
     let keys: Vec<Option<(&str, &HttpAuthUse)>> = batch
         .iter()
-        .map(|j| j.spends.as_ref().map(|a| (j.call.community(), a)))
+        .map(|j| j.spends().map(|a| (j.community(), a)))
         .collect();
     let mut firsts: Vec<(&str, &HttpAuthUse)> = Vec::with_capacity(batch.len());
     for (community, auth) in keys.iter().flatten() {
@@ -322,79 +238,74 @@ async fn spend_all(tx: &mut Tx<'_>, batch: &[Job]) -> Result<Vec<Option<bool>>, 
         .collect())
 }
 
-/// The error for an answer of the wrong variant (a bug in this module).
-pub(crate) fn mismatch() -> StoreError {
-    StoreError::Corrupt("the call writer answered another call".into())
-}
-
-/// A queued call and where its answer goes.
-struct Job {
-    call: Call,
-    /// The auth event the call spends (recorded before the batch's calls
-    /// run: `spend_all`).
-    spends: Option<HttpAuthUse>,
-    reply: oneshot::Sender<Result<Done, StoreError>>,
-}
-
 /// The sending side: what the store's methods submit calls to.
 #[derive(Clone)]
 pub(crate) struct Calls {
     /// One queue per writer.
-    txs: Vec<mpsc::Sender<Job>>,
+    txs: Vec<mpsc::Sender<Box<dyn Queued>>>,
+}
+
+/// How the call writers run (their queue and batch bounds, and the one
+/// configuration their calls read).
+pub(crate) struct WriterSetup {
+    /// Names this process in cross-process announcements.
+    pub origin: String,
+    pub queue: usize,
+    pub batch: usize,
+    pub writers: usize,
+    pub deliveries: DeliveryConfig,
 }
 
 impl Calls {
-    /// Starts `writers` writer tasks on `pool` (SQLite: always one, its one
-    /// write connection), each with a queue of `queue` calls; `origin`
-    /// names this process in cross-process announcements.
+    /// Starts the writer tasks on `pool` (SQLite: always one, its one
+    /// write connection), each with a queue of `queue` calls.
     ///
     /// Why several on PostgreSQL: a writer waits for the server once per
     /// statement, and one writer was measured busy all the time while the
     /// machine was a third idle. Several writers' transactions run side by
-    /// side; each caller's calls go to one writer (`Call::caller`), so one
-    /// caller's delivery rows are only ever locked by one writer. Locks
+    /// side; each caller's calls go to one writer (`WriteCall::caller`), so
+    /// one caller's delivery rows are only ever locked by one writer. Locks
     /// that several writers (and the event writer) do share, on channels,
     /// authors and the community key, every batch takes first, in one
-    /// order (`Call::lock_keys`), so they queue instead of deadlocking.
-    pub(crate) fn start(
-        pool: Pool,
-        origin: String,
-        queue: usize,
-        batch: usize,
-        writers: usize,
-    ) -> Result<Self, StoreError> {
-        assert!(queue > 0 && (1..=64).contains(&batch), "call writer bounds");
+    /// order (`WriteCall::lock_keys`), so they queue instead of deadlocking.
+    pub(crate) fn start(pool: Pool, setup: WriterSetup) -> Result<Self, StoreError> {
+        assert!(
+            setup.queue > 0 && (1..=64).contains(&setup.batch),
+            "call writer bounds"
+        );
         let writers = match pool {
             Pool::Sqlite { .. } => 1,
-            Pool::Postgres { .. } => writers.clamp(1, 64),
+            Pool::Postgres { .. } => setup.writers.clamp(1, 64),
         };
+        let cfg = Arc::new(setup.deliveries);
         let mut txs = Vec::with_capacity(writers);
         for i in 0..writers {
-            let (tx, rx) = mpsc::channel(queue);
+            let (tx, rx) = mpsc::channel(setup.queue);
             let name = if writers == 1 {
                 "call-writer".to_string()
             } else {
                 format!("call-writer-{i}")
             };
-            crate::dedicated::spawn(&name, writer(pool.clone(), origin.clone(), rx, batch))
-                .map_err(|e| StoreError::Start(format!("{name}: {e}")))?;
+            let task = writer(pool.clone(), setup.origin.clone(), cfg.clone(), rx, setup.batch);
+            crate::dedicated::spawn(&name, task).map_err(|e| StoreError::Start(format!("{name}: {e}")))?;
             txs.push(tx);
         }
         Ok(Self { txs })
     }
 
     /// Runs `call` in the next group transaction; answers after its commit.
-    pub(crate) async fn run(&self, call: Call) -> Result<Done, StoreError> {
+    pub(crate) async fn run<C: WriteCall>(&self, call: C) -> Answer<C::Reply> {
         self.submit(None, call).await
     }
 
     /// Runs `call` in the next group transaction after recording `auth` as
-    /// used ([`Done::Replayed`], and the call not run, if it already was).
-    pub(crate) async fn run_spending(&self, auth: HttpAuthUse, call: Call) -> Result<Done, StoreError> {
+    /// used (refused with [`Refusal::Replayed`], and not run, if it already
+    /// was).
+    pub(crate) async fn run_spending<C: WriteCall>(&self, auth: HttpAuthUse, call: C) -> Answer<C::Reply> {
         self.submit(Some(auth), call).await
     }
 
-    async fn submit(&self, spends: Option<HttpAuthUse>, call: Call) -> Result<Done, StoreError> {
+    async fn submit<C: WriteCall>(&self, spends: Option<HttpAuthUse>, call: C) -> Answer<C::Reply> {
         let (reply, rx) = oneshot::channel();
         // Public keys and event ids are uniformly distributed: their first
         // bytes pick a writer evenly.
@@ -404,12 +315,15 @@ impl Calls {
             (None, None) => [0; 32],
         };
         let pick = usize::from(u16::from_le_bytes([key[0], key[1]])) % self.txs.len();
-        self.txs[pick]
-            .send(Job { call, spends, reply })
-            .await
-            .map_err(|_| StoreError::Batch("the call writer stopped".into()))?;
-        rx.await
-            .map_err(|_| StoreError::Batch("the call writer stopped".into()))?
+        let job = Job {
+            call,
+            spends,
+            answer: None,
+            reply,
+        };
+        let stopped = || CallError::Store(StoreError::Stopped("call writer"));
+        self.txs[pick].send(Box::new(job)).await.map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
     }
 }
 
@@ -417,9 +331,15 @@ impl Calls {
 /// writers (events, the workflow engine) get their turn at it.
 const HELD_BATCHES: usize = 8;
 
-async fn writer(pool: Pool, origin: String, mut rx: mpsc::Receiver<Job>, batch_max: usize) {
+async fn writer(
+    pool: Pool,
+    origin: String,
+    cfg: Arc<DeliveryConfig>,
+    mut rx: mpsc::Receiver<Box<dyn Queued>>,
+    batch_max: usize,
+) {
     // Calls taken off the queue and not yet run: at most two batches.
-    let mut waiting: VecDeque<Job> = VecDeque::with_capacity(2 * batch_max);
+    let mut waiting: VecDeque<Box<dyn Queued>> = VecDeque::with_capacity(2 * batch_max);
     let mut batch = Vec::with_capacity(batch_max);
     let mut starters_first = true;
     loop {
@@ -440,9 +360,10 @@ async fn writer(pool: Pool, origin: String, mut rx: mpsc::Receiver<Job>, batch_m
         let mut conn = match acquired {
             Ok(c) => c,
             Err(e) => {
-                let text = e.to_string();
-                for job in waiting.drain(..) {
-                    let _ = job.reply.send(Err(StoreError::Batch(text.clone())));
+                let e = Arc::new(e);
+                for mut job in waiting.drain(..) {
+                    job.lose(&e);
+                    job.send();
                 }
                 continue;
             }
@@ -459,31 +380,9 @@ async fn writer(pool: Pool, origin: String, mut rx: mpsc::Receiver<Job>, batch_m
             }
             next_batch(&mut waiting, &mut batch, batch_max, starters_first);
             starters_first = !starters_first;
-            let started = std::time::Instant::now();
-            let n = batch.len();
-            let (answers, healthy) = match run_batch(&mut conn, &origin, &batch, false).await {
-                Ran::Done(answers, healthy) => (answers, healthy),
-                // A call without a savepoint failed: nothing of the batch
-                // was committed. Again, every call in a savepoint, so
-                // that the failing one fails alone.
-                Ran::Again => {
-                    tracing::warn!(
-                        calls = n,
-                        "call batch failed; running each call in its own savepoint"
-                    );
-                    match run_batch(&mut conn, &origin, &batch, true).await {
-                        Ran::Done(answers, healthy) => (answers, healthy),
-                        Ran::Again => unreachable!("every call is guarded on the second run"),
-                    }
-                }
-            };
-            tracing::debug!(
-                calls = n,
-                elapsed_us = started.elapsed().as_micros() as u64,
-                "call batch"
-            );
-            for (job, answer) in batch.drain(..).zip(answers) {
-                let _ = job.reply.send(answer);
+            let healthy = run_guarded(&mut conn, &origin, &cfg, &mut batch).await;
+            for job in batch.drain(..) {
+                job.send();
             }
             if !healthy {
                 // A connection that failed is not reused (every job of the
@@ -492,6 +391,38 @@ async fn writer(pool: Pool, origin: String, mut rx: mpsc::Receiver<Job>, batch_m
             }
         }
     }
+}
+
+/// Runs a batch, and again with a savepoint for every call if a call
+/// without one failed (nothing of the first run was committed), so that
+/// the failing call fails alone. Returns whether the connection is still
+/// fit for use.
+async fn run_guarded(
+    conn: &mut Conn,
+    origin: &str,
+    cfg: &DeliveryConfig,
+    batch: &mut [Box<dyn Queued>],
+) -> bool {
+    let started = std::time::Instant::now();
+    let healthy = match run_batch(conn, origin, cfg, batch, false).await {
+        Ran::Done { healthy } => healthy,
+        Ran::Again => {
+            tracing::warn!(
+                calls = batch.len(),
+                "call batch failed; running each call in its own savepoint"
+            );
+            match run_batch(conn, origin, cfg, batch, true).await {
+                Ran::Done { healthy } => healthy,
+                Ran::Again => unreachable!("every call is guarded on the second run"),
+            }
+        }
+    };
+    tracing::debug!(
+        calls = batch.len(),
+        elapsed_us = started.elapsed().as_micros() as u64,
+        "call batch"
+    );
+    healthy
 }
 
 /// Moves the next batch out of `waiting`. With `starters_first` (every
@@ -504,13 +435,17 @@ async fn writer(pool: Pool, origin: String, mut rx: mpsc::Receiver<Job>, batch_m
 /// measured waiting about 30 ms behind them on PostgreSQL). Otherwise the
 /// oldest calls, so that a finish waits at most one batch longer than in
 /// arrival order.
-fn next_batch(waiting: &mut VecDeque<Job>, batch: &mut Vec<Job>, batch_max: usize, starters_first: bool) {
+fn next_batch(
+    waiting: &mut VecDeque<Box<dyn Queued>>,
+    batch: &mut Vec<Box<dyn Queued>>,
+    batch_max: usize,
+    starters_first: bool,
+) {
     debug_assert!(batch.is_empty());
-    let starts_work = |j: &Job| matches!(j.call, Call::Claim { .. } | Call::ChannelEvent { .. });
-    if starters_first && waiting.iter().any(starts_work) {
+    if starters_first && waiting.iter().any(|j| j.starts_work()) {
         let mut rest = VecDeque::with_capacity(waiting.capacity());
         while let Some(j) = waiting.pop_front() {
-            if batch.len() < batch_max && starts_work(&j) {
+            if batch.len() < batch_max && j.starts_work() {
                 batch.push(j);
             } else {
                 rest.push_back(j);
@@ -529,34 +464,42 @@ fn next_batch(waiting: &mut VecDeque<Job>, batch: &mut Vec<Job>, batch_max: usiz
 
 /// What running a batch came to.
 enum Ran {
-    /// One answer per call, in order, and whether the connection is still
-    /// fit for use.
-    Done(Vec<Result<Done, StoreError>>, bool),
+    /// Every call has its answer; `healthy`: the connection is still fit
+    /// for use.
+    Done { healthy: bool },
     /// A call that had no savepoint failed, so the transaction is lost
     /// (nothing was committed): run the batch again with `guard_all`.
     Again,
 }
 
+/// Every call of `batch` is answered with `e` (nothing of theirs was
+/// stored).
+fn fail_all(batch: &mut [Box<dyn Queued>], e: StoreError) -> Ran {
+    let e = Arc::new(e);
+    for job in batch {
+        job.lose(&e);
+    }
+    Ran::Done { healthy: false }
+}
+
 /// Runs every call of `batch` in one transaction on `conn`, each call in a
 /// savepoint where it needs one (with `guard_all`: every call), so that a
 /// call that is refused or fails is rolled back alone.
-async fn run_batch(conn: &mut Conn, origin: &str, batch: &[Job], guard_all: bool) -> Ran {
-    let fail_all = |e: &StoreError| -> Ran {
-        let text = e.to_string();
-        let answers = batch
-            .iter()
-            .map(|_| Err(StoreError::Batch(text.clone())))
-            .collect();
-        Ran::Done(answers, false)
-    };
+async fn run_batch(
+    conn: &mut Conn,
+    origin: &str,
+    cfg: &DeliveryConfig,
+    batch: &mut [Box<dyn Queued>],
+    guard_all: bool,
+) -> Ran {
     let mut tx = match conn.begin().await {
         Ok(tx) => tx,
-        Err(e) => return fail_all(&e),
+        Err(e) => return fail_all(batch, e),
     };
     if tx.dialect() == Dialect::Postgres {
-        let keys = batch.iter().flat_map(|j| j.call.lock_keys()).collect();
+        let keys = batch.iter().flat_map(|j| j.lock_keys()).collect();
         if let Err(e) = tx.lock_all(keys).await {
-            return fail_all(&e);
+            return fail_all(batch, e);
         }
     }
     // The auth records first, outside the calls' savepoints: each stands
@@ -564,90 +507,88 @@ async fn run_batch(conn: &mut Conn, origin: &str, batch: &[Job], guard_all: bool
     // nothing; an error fails the batch like any other.
     let spent = match spend_all(&mut tx, batch).await {
         Ok(s) => s,
-        Err(e) => return fail_all(&e),
+        Err(e) => return fail_all(batch, e),
     };
-    let mut answers: Vec<Result<Done, StoreError>> = Vec::with_capacity(batch.len());
-    let postgres = tx.dialect() == Dialect::Postgres;
-    for (job, fresh) in batch.iter().zip(spent) {
+    for (job, fresh) in batch.iter_mut().zip(spent) {
         if fresh == Some(false) {
-            answers.push(Ok(Done::Replayed));
+            job.replayed();
             continue;
         }
-        // Calls with several writes get a savepoint, so that a refusal or
-        // an error after a first write is undone for that call alone.
-        // Savepoints are not released: they nest, at most `call_batch` deep,
-        // and the commit keeps every one that was not rolled back.
-        let guarded = guard_all || !job.call.one_write();
-        let mark = tx.lock_mark();
-        if guarded {
-            if let Err(e) = tx.exec(Q::new("SAVEPOINT call")).await {
-                return fail_all(&e);
-            }
+        match run_one(&mut tx, cfg, job.as_mut(), guard_all).await {
+            Ok(true) => {}
+            Ok(false) => return Ran::Again,
+            Err(e) => return fail_all(batch, e),
         }
-        let answer = job.call.run(&mut tx).await;
-        match (&answer, guarded) {
-            (Ok(done), _) if done.keeps() => {}
-            (_, true) => {
-                if let Err(e) = tx.exec(Q::new("ROLLBACK TO SAVEPOINT call")).await {
-                    return fail_all(&e);
-                }
-                tx.forget_locks_since(mark);
-            }
-            // A refusal of a one-write call wrote nothing.
-            (Ok(_), false) => {}
-            // An error without a savepoint: PostgreSQL has aborted the
-            // transaction, SQLite may have ended it by itself (I/O errors,
-            // a full disk), so nothing after it may run in it. Everything is
-            // rolled back, and the batch runs again with a savepoint for
-            // every call: one client's failing call never fails another's.
-            (Err(_), false) => return Ran::Again,
-        }
-        answers.push(answer);
     }
-    if postgres {
+    if tx.dialect() == Dialect::Postgres {
         // The kept calls' events reach other processes with the commit, in
         // one statement for the whole batch.
-        let mut kept: Vec<(&str, &str)> = Vec::new();
-        for (job, answer) in batch.iter().zip(&answers) {
-            if let Ok(done) = answer {
-                if done.keeps() {
-                    kept.extend(
-                        done.announced()
-                            .into_iter()
-                            .map(|raw| (job.call.community(), raw)),
-                    );
-                }
-            }
-        }
+        let kept: Vec<(&str, &str)> = batch
+            .iter()
+            .filter(|j| j.kept())
+            .flat_map(|j| j.announced().into_iter().map(|raw| (j.community(), raw)))
+            .collect();
         if let Err(e) = super::postgres::notify(&mut tx, origin, &kept).await {
-            return fail_all(&e);
+            return fail_all(batch, e);
         }
     }
     if let Err(e) = tx.commit().await {
         // What was kept is lost with the transaction; what was rolled back
         // keeps its answer (it stored nothing either way).
-        let text = e.to_string();
-        for a in &mut answers {
-            if matches!(a, Ok(done) if done.keeps()) {
-                *a = Err(StoreError::Batch(text.clone()));
-            }
+        let e = Arc::new(e);
+        for job in batch.iter_mut().filter(|j| j.kept()) {
+            job.lose(&e);
         }
-        return Ran::Done(answers, false);
+        return Ran::Done { healthy: false };
     }
-    Ran::Done(answers, true)
+    Ran::Done { healthy: true }
+}
+
+/// Runs one call in `tx`. Calls with several writes get a savepoint, so
+/// that a refusal or an error after a first write is undone for that call
+/// alone. Savepoints are not released: they nest, at most `call_batch`
+/// deep, and the commit keeps every one that was not rolled back.
+/// `Ok(false)`: the call failed without a savepoint, and the transaction
+/// is lost.
+async fn run_one(
+    tx: &mut Tx<'_>,
+    cfg: &DeliveryConfig,
+    job: &mut dyn Queued,
+    guard_all: bool,
+) -> Result<bool, StoreError> {
+    let guarded = guard_all || !job.one_write();
+    let mark = tx.lock_mark();
+    if guarded {
+        tx.exec(Q::new("SAVEPOINT call")).await?;
+    }
+    job.run(tx, cfg).await;
+    if job.kept() {
+        return Ok(true);
+    }
+    if guarded {
+        tx.exec(Q::new("ROLLBACK TO SAVEPOINT call")).await?;
+        tx.forget_locks_since(mark);
+        return Ok(true);
+    }
+    // A refusal of a one-write call wrote nothing. An error without a
+    // savepoint: PostgreSQL has aborted the transaction, SQLite may have
+    // ended it by itself (I/O errors, a full disk), so nothing after it may
+    // run in it. Everything is rolled back, and the batch runs again with
+    // a savepoint for every call: one client's failing call never fails
+    // another's.
+    Ok(!job.failed())
 }
 
 #[cfg(test)]
 mod tests {
     use std::collections::VecDeque;
-
     use std::sync::Arc;
 
     use nostr::prelude::{EventBuilder, FinalizeEvent, Keys, Kind};
     use tokio::sync::oneshot;
 
-    use super::{next_batch, Call, Job};
-    use crate::config::DeliveryConfig;
+    use super::super::calls::{ChannelEvent, Claim, HttpAuth};
+    use super::{next_batch, Job, Queued, WriteCall};
 
     /// What a test job is: a finish-like call, a claim, a channel message.
     #[derive(Clone, Copy)]
@@ -657,47 +598,50 @@ mod tests {
         Message,
     }
 
-    fn job(what: What, n: usize) -> Job {
+    fn boxed<C: WriteCall>(call: C) -> Box<dyn Queued> {
+        Box::new(Job {
+            call,
+            spends: None,
+            answer: None,
+            reply: oneshot::channel().0,
+        })
+    }
+
+    fn job(what: What, n: usize) -> Box<dyn Queued> {
         let community = format!("c{n}");
         let keys = Keys::generate();
-        let call = match what {
-            What::Claim => Call::Claim {
+        match what {
+            What::Claim => boxed(Claim {
                 community,
                 caller: keys.public_key(),
                 req: Default::default(),
-                cfg: DeliveryConfig::default(),
-            },
+            }),
             What::Message => {
                 let event = EventBuilder::new(Kind::from_u16(9), "hi")
                     .finalize(&keys)
                     .expect("sign");
                 let raw = serde_json::to_string(&event).expect("json");
-                Call::ChannelEvent {
+                boxed(ChannelEvent {
                     community,
                     keys,
                     policy: Default::default(),
                     event: Arc::new(event),
                     raw: Arc::from(raw),
-                }
+                })
             }
-            What::Other => Call::HttpAuth { community },
-        };
-        Job {
-            call,
-            spends: None,
-            reply: oneshot::channel().0,
+            What::Other => boxed(HttpAuth { community }),
         }
     }
 
-    fn names(batch: &[Job]) -> Vec<&str> {
-        batch.iter().map(|j| j.call.community()).collect()
+    fn names(batch: &[Box<dyn Queued>]) -> Vec<&str> {
+        batch.iter().map(|j| j.community()).collect()
     }
 
     #[test]
     fn work_starters_go_first_every_other_batch_within_bounds() {
         use What::*;
         // other, claim, other, message, claim (arrival order).
-        let mut waiting: VecDeque<Job> = [Other, Claim, Other, Message, Claim]
+        let mut waiting: VecDeque<Box<dyn Queued>> = [Other, Claim, Other, Message, Claim]
             .iter()
             .enumerate()
             .map(|(n, w)| job(*w, n))

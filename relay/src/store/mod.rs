@@ -13,10 +13,12 @@
 
 pub mod agents;
 pub mod api;
+pub(crate) mod calls;
 pub mod channels;
 pub mod db;
 pub mod deliveries;
 mod group;
+pub mod machine;
 pub mod notices;
 pub mod postgres;
 pub mod refusal;
@@ -123,9 +125,13 @@ pub enum StoreError {
     Corrupt(String),
     #[error(transparent)]
     Injected(#[from] faults::Injected),
-    /// A batched write failed as a whole (the cause, as text).
+    /// A batched write failed as a whole: every write it held gets this,
+    /// with the one cause.
     #[error("batched write failed: {0}")]
-    Batch(String),
+    Batch(#[source] std::sync::Arc<StoreError>),
+    /// A writer (named) has stopped: nothing more can be written through it.
+    #[error("the {0} stopped")]
+    Stopped(&'static str),
     /// A writer thread could not be started.
     #[error("starting a store writer: {0}")]
     Start(String),
@@ -288,11 +294,12 @@ pub async fn open(
             pool,
             ahead,
             &cfg.writer,
+            cfg.deliveries.clone(),
         )?))
     } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
         let (main, queries) = postgres::open(url, &cfg.postgres, mode).await?;
         let pool = db::Pool::Postgres { main, queries };
-        let store = sqlstore::SqlStore::new(pool, ahead, &cfg.writer)?;
+        let store = sqlstore::SqlStore::new(pool, ahead, &cfg.writer, cfg.deliveries.clone())?;
         store.maintain(crate::clock::unix_now()).await?;
         Ok(std::sync::Arc::new(store))
     } else {

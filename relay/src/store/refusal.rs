@@ -4,6 +4,8 @@
 
 use protocol::api::DeliveryStatus;
 
+use super::StoreError;
+
 /// A refused call: nothing it asked for happened.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
@@ -73,5 +75,48 @@ impl Refusal {
     }
 }
 
-/// Result of a store call: the answer, or a refusal.
-pub type Answer<T> = Result<T, Refusal>;
+/// Why a store call did not give its answer: it was refused (nothing it
+/// asked for happened; the caller is told why), or the store failed. One
+/// type for both, so that `?` carries either out of a call.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<sqlx::Error> for CallError {
+    fn from(e: sqlx::Error) -> Self {
+        CallError::Store(e.into())
+    }
+}
+
+impl From<faults::Injected> for CallError {
+    fn from(e: faults::Injected) -> Self {
+        CallError::Store(e.into())
+    }
+}
+
+impl CallError {
+    /// The refusal, if the call was refused.
+    pub fn refusal(&self) -> Option<&Refusal> {
+        match self {
+            CallError::Refused(r) => Some(r),
+            CallError::Store(_) => None,
+        }
+    }
+}
+
+/// What a store call answers: its value, or why not.
+pub type Answer<T> = Result<T, CallError>;
+
+/// A call's value, or `None` when it was refused (the store's errors
+/// pass): for a caller to whom a refusal is an ordinary outcome.
+pub fn unless_refused<T>(a: Answer<T>) -> Result<Option<T>, StoreError> {
+    match a {
+        Ok(v) => Ok(Some(v)),
+        Err(CallError::Refused(_)) => Ok(None),
+        Err(CallError::Store(e)) => Err(e),
+    }
+}

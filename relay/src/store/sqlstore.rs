@@ -14,12 +14,13 @@ use tokio::sync::oneshot;
 
 use super::api::HttpAuthUse;
 use super::db::{Pool, Tx, Q};
+use super::refusal::{CallError, Refusal};
 use super::sql::{self, value_hash, Bind, Dialect};
 use super::{
     address_key, deletion_targets, expiration, indexed_tags, replacement_key, ChannelView, CommunityRecord,
     InsertOutcome, Page, PageRows, Published, ReadScope, RemoteEvent, Store, StoreError, StoredEvent,
 };
-use crate::config::{ChannelPolicy, WriterConfig};
+use crate::config::{ChannelPolicy, DeliveryConfig, WriterConfig};
 
 /// A store on SQLite or PostgreSQL.
 pub struct SqlStore {
@@ -43,7 +44,13 @@ struct InsertRequest {
 
 impl SqlStore {
     /// Wraps `pool` and starts its two writers (see [`WriterConfig`]).
-    pub fn new(pool: Pool, partition_months_ahead: u32, w: &WriterConfig) -> Result<Self, StoreError> {
+    /// The call writer's calls read `deliveries`, handed over here once.
+    pub fn new(
+        pool: Pool,
+        partition_months_ahead: u32,
+        w: &WriterConfig,
+        deliveries: DeliveryConfig,
+    ) -> Result<Self, StoreError> {
         let origin = hex::encode(rand::random::<[u8; 8]>());
         let (tx, rx) = mpsc::channel(w.event_queue.max(1));
         crate::dedicated::spawn(
@@ -51,13 +58,14 @@ impl SqlStore {
             batch_writer(pool.clone(), origin.clone(), rx, w.event_batch.max(1)),
         )
         .map_err(|e| StoreError::Start(format!("event writer: {e}")))?;
-        let calls = super::group::Calls::start(
-            pool.clone(),
-            origin.clone(),
-            w.call_queue,
-            w.call_batch,
-            w.call_writers,
-        )?;
+        let setup = super::group::WriterSetup {
+            origin: origin.clone(),
+            queue: w.call_queue,
+            batch: w.call_batch,
+            writers: w.call_writers,
+            deliveries,
+        };
+        let calls = super::group::Calls::start(pool.clone(), setup)?;
         Ok(Self {
             pool,
             origin,
@@ -460,23 +468,21 @@ async fn write_isolated(
     origin: &str,
     batch: &[InsertRequest],
 ) -> Vec<Result<InsertOutcome, StoreError>> {
-    let fail_all = |e: &StoreError| -> Vec<Result<InsertOutcome, StoreError>> {
-        batch
-            .iter()
-            .map(|_| Err(StoreError::Batch(e.to_string())))
-            .collect()
+    let fail_all = |e: StoreError| -> Vec<Result<InsertOutcome, StoreError>> {
+        let e = Arc::new(e);
+        batch.iter().map(|_| Err(StoreError::Batch(e.clone()))).collect()
     };
     let mut tx = match pool.begin().await {
         Ok(tx) => tx,
-        Err(e) => return fail_all(&e),
+        Err(e) => return fail_all(e),
     };
     if let Err(e) = lock_authors(&mut tx, batch).await {
-        return fail_all(&e);
+        return fail_all(e);
     }
     let mut answers = Vec::with_capacity(batch.len());
     for r in batch {
         if let Err(e) = tx.exec(Q::new("SAVEPOINT event")).await {
-            return fail_all(&e);
+            return fail_all(e);
         }
         let mark = tx.lock_mark();
         let answer = insert_event_tx(&mut tx, &r.community, &r.event, &r.raw, None).await;
@@ -488,13 +494,13 @@ async fn write_isolated(
             }
         };
         if let Err(e) = tx.exec(Q::new(end)).await {
-            return fail_all(&e);
+            return fail_all(e);
         }
         if answer.is_err() {
             // Released by the rollback, and the savepoint with it.
             tx.forget_locks_since(mark);
             if let Err(e) = tx.exec(Q::new("RELEASE SAVEPOINT event")).await {
-                return fail_all(&e);
+                return fail_all(e);
             }
         }
         answers.push(answer);
@@ -507,11 +513,11 @@ async fn write_isolated(
             .map(|(r, _)| (r.community.as_str(), &*r.raw))
             .collect();
         if let Err(e) = super::postgres::notify(&mut tx, origin, &stored).await {
-            return fail_all(&e);
+            return fail_all(e);
         }
     }
     if let Err(e) = tx.commit().await {
-        return fail_all(&e);
+        return fail_all(e);
     }
     answers
 }
@@ -596,7 +602,8 @@ pub(crate) fn created_at_of(event: &Event) -> i64 {
 /// one scan of the community. With `IN (…)` lists it did, whenever the
 /// statistics (a minute old during a bulk load) put the community at a few
 /// dozen rows: every event of the community read for each batch, 117 ms a
-/// batch of 256 (docs/performance.md, seventh pass). Arrays also make it one
+/// batch of 256 (docs/performance.md, "Plans that depend on a quiet
+/// moment's statistics"). Arrays also make it one
 /// statement text for every batch size.
 fn pg_pairs_present(table: &str, cols: [(&str, &str); 2], community: &str, a: Bind, b: Bind) -> Q {
     let [(ca, ta), (cb, tb)] = cols;
@@ -940,9 +947,7 @@ impl Store for SqlStore {
             reply,
         };
         if let Err(mpsc::error::SendError(req)) = self.writer.send(req).await {
-            let _ = req
-                .reply
-                .send(Err(StoreError::Batch("the writer stopped".into())));
+            let _ = req.reply.send(Err(StoreError::Stopped("event writer")));
         }
         rx
     }
@@ -970,16 +975,17 @@ impl Store for SqlStore {
         event: &Event,
         raw: &str,
     ) -> Result<(InsertOutcome, Published), StoreError> {
-        let call = super::group::Call::ChannelEvent {
+        let call = super::calls::ChannelEvent {
             community: community.to_string(),
             keys: keys.clone(),
             policy: policy.clone(),
             event: Arc::new(event.clone()),
             raw: Arc::from(raw),
         };
-        match self.calls.run(call).await? {
-            super::group::Done::ChannelEvent(outcome, published) => Ok((outcome, published)),
-            _ => Err(super::group::mismatch()),
+        match self.calls.run(call).await {
+            Ok(applied) => Ok(applied),
+            Err(CallError::Store(e)) => Err(e),
+            Err(CallError::Refused(r)) => unreachable!("a channel event is answered, not refused: {r:?}"),
         }
     }
 
@@ -1045,13 +1051,14 @@ impl Store for SqlStore {
             event_id: *event_id,
             keep_until: expires_at,
         };
-        let call = super::group::Call::HttpAuth {
+        let call = super::calls::HttpAuth {
             community: community.to_string(),
         };
-        match self.calls.run_spending(auth, call).await? {
-            super::group::Done::HttpAuth => Ok(true),
-            super::group::Done::Replayed => Ok(false),
-            _ => Err(super::group::mismatch()),
+        match self.calls.run_spending(auth, call).await {
+            Ok(()) => Ok(true),
+            Err(CallError::Refused(Refusal::Replayed(_))) => Ok(false),
+            Err(CallError::Store(e)) => Err(e),
+            Err(CallError::Refused(r)) => unreachable!("an auth record is refused only as a replay: {r:?}"),
         }
     }
 

@@ -9,13 +9,13 @@
 //! (`ON CONFLICT DO NOTHING`), so nothing is duplicated.
 
 use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, PublicKey, Tag, Timestamp};
-use protocol::api::{CauseKind, CauseView, RunStatus, RunView};
+use protocol::api::{CauseKind, CauseView, DeliveryStatus, RunStatus, RunView};
 use protocol::template::{self, Template};
 use protocol::workflow::{self, Cause, Definition, MessageBinding, Step, Trigger, Validated};
 use serde_json::{json, Value};
 
-use super::db::{Pool, Row, Tx, Q};
-use super::refusal::{Answer, Refusal};
+use super::db::{named, Pool, Row, Tx, Q};
+use super::refusal::{unless_refused, Answer, Refusal};
 use super::sqlstore::{created_at_of, insert_event_tx};
 use super::{InsertOutcome, StoreError};
 use crate::admission;
@@ -108,14 +108,22 @@ async fn load_definition(
     Ok(workflow::parse(&event.content).ok())
 }
 
-/// Records a definition revision that was just stored in `tx`. `Err(text)`
-/// is the client answer when the revision must be refused (the caller rolls back).
+/// What recording a definition revision came to.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Upsert {
+    Recorded,
+    /// The revision must be refused (the caller rolls back): the client's
+    /// answer.
+    Refused(String),
+}
+
+/// Records a definition revision that was just stored in `tx`.
 pub async fn upsert_definition(
     tx: &mut Tx<'_>,
     community: &str,
     event: &Event,
     v: &Validated,
-) -> Result<Result<(), String>, StoreError> {
+) -> Result<Upsert, StoreError> {
     let now = tx.now().await?;
     let existing = load_workflow(tx, community, &v.workflow_id).await?;
     let (interval, trigger) = match &v.definition.trigger {
@@ -127,13 +135,13 @@ pub async fn upsert_definition(
     };
     match existing {
         Some(w) if w.owner != event.pubkey.to_bytes() => {
-            return Ok(Err(format!(
+            return Ok(Upsert::Refused(format!(
                 "restricted: workflow id {} belongs to another owner",
                 v.workflow_id
             )))
         }
         Some(w) if w.channel != v.channel => {
-            return Ok(Err(format!(
+            return Ok(Upsert::Refused(format!(
                 "invalid: workflow {} belongs to channel {}",
                 v.workflow_id, w.channel
             )))
@@ -179,7 +187,7 @@ pub async fn upsert_definition(
             .await?;
         }
     }
-    Ok(Ok(()))
+    Ok(Upsert::Recorded)
 }
 
 /// A NIP-09 deletion by `author` of a definition (by id or by address):
@@ -224,6 +232,8 @@ pub async fn on_definition_deleted(
 /// `deliveries_pending_expiry`, and `deliveries_claimed`; a bitmap OR on
 /// PostgreSQL): the cancellations touch only open rows, without an index of
 /// their own (migration 0005 on PostgreSQL, 0007 on SQLite, says why).
+/// These are the states the machine cancels (`machine::Event::Cancel`;
+/// the test below holds the two together).
 const ACTIVE_ROWS: &str = "(status = 'pending' OR status = 'claimed')";
 
 /// Cancels a workflow's running runs and open deliveries.
@@ -367,16 +377,16 @@ pub async fn create_run(
     workflow_id: &str,
     cause: &Cause,
     mut trigger_context: Value,
-) -> Result<Answer<(String, bool)>, StoreError> {
-    let Some(w) = load_workflow(tx, community, workflow_id).await? else {
-        return Ok(Err(Refusal::UnknownWorkflow));
-    };
+) -> Answer<(String, bool)> {
+    let w = load_workflow(tx, community, workflow_id)
+        .await?
+        .ok_or(Refusal::UnknownWorkflow)?;
     if !w.enabled || w.deleted {
-        return Ok(Err(Refusal::WorkflowDisabled));
+        return Err(Refusal::WorkflowDisabled.into());
     }
     // A run would read and post into a channel the owner may no longer see.
     if !is_member(tx, community, &w.channel, &w.owner).await? {
-        return Ok(Err(Refusal::OwnerNotMember));
+        return Err(Refusal::OwnerNotMember.into());
     }
     trigger_context["cause"] = json!(cause);
     trigger_context["channel"] = json!(w.channel);
@@ -403,7 +413,7 @@ pub async fn create_run(
         )
         .await?;
     if inserted == 1 {
-        return Ok(Ok((id, true)));
+        return Ok((id, true));
     }
     let existing = tx
         .one(
@@ -418,7 +428,7 @@ pub async fn create_run(
         )
         .await?
         .ok_or_else(|| StoreError::Corrupt("run vanished".into()))?;
-    Ok(Ok((existing.text(0)?, false)))
+    Ok((existing.text(0)?, false))
 }
 
 /// A kind 9 stored in a channel: starts every matching `message_posted`
@@ -475,7 +485,7 @@ pub async fn on_message(
         };
         let ctx =
             json!({"text": event.content, "author": event.pubkey.to_hex(), "event_id": event.id.to_hex()});
-        if let Ok((run, true)) = create_run(tx, community, &w.id, &cause, ctx).await? {
+        if let Some((run, true)) = unless_refused(create_run(tx, community, &w.id, &cause, ctx).await)? {
             runs.push(run);
         }
     }
@@ -488,7 +498,7 @@ struct RunRow {
     channel: String,
     owner: PublicKey,
     cause: Cause,
-    status: String,
+    status: RunStatus,
     current_step: i64,
     trigger_context: Value,
     trace: Value,
@@ -517,7 +527,7 @@ async fn load_run(tx: &mut Tx<'_>, community: &str, run_id: &str) -> Result<Opti
             kind: r.text(4)?,
             id: r.text(5)?,
         },
-        status: r.text(6)?,
+        status: named(&r.text(6)?, RunStatus::parse)?,
         current_step: r.int(7)?,
         trigger_context: json(r.text(8)?)?,
         trace: json(r.text(9)?)?,
@@ -531,7 +541,7 @@ async fn end_run(
     tx: &mut Tx<'_>,
     community: &str,
     run_id: &str,
-    status: &str,
+    status: RunStatus,
     error: Option<RunError>,
 ) -> Result<(), StoreError> {
     let now = tx.now().await?;
@@ -543,7 +553,7 @@ async fn end_run(
         )
         .bind(community)
         .bind(run_id)
-        .bind(status)
+        .bind(status.as_str())
         .bind(message)
         .bind(code)
         .bind(now),
@@ -565,14 +575,14 @@ struct Binding<'a> {
 /// every event a client sends (the relay's own events obey the limits it
 /// sets for others): `Err` is why the run fails, `message_too_large` when
 /// the rendered text (rendering stops at `max_event_bytes`) or the signed
-/// event is over `max_event_bytes`. `Ok(Ok)` is the event and its JSON.
+/// event is over `max_event_bytes`.
 fn sign_message(
     keys: &Keys,
     b: &Binding<'_>,
     template: &Template,
     now: i64,
     limits: &Limits,
-) -> Result<Result<(Event, String), RunError>, StoreError> {
+) -> Result<Signed, StoreError> {
     let too_large = |bytes: String| {
         (
             "message_too_large",
@@ -585,7 +595,7 @@ fn sign_message(
     let ctx = template::context(&b.run.trigger_context, &b.run.trace);
     let rendered = match template.render_bounded(&ctx, limits.max_event_bytes) {
         Ok(text) => text,
-        Err(e) => return Ok(Err(too_large(format!("at least {}", e.at_least)))),
+        Err(e) => return Ok(Signed::Refused(too_large(format!("at least {}", e.at_least)))),
     };
     let recipients = workflow::recipients(&b.run.owner, template);
     let reply_to = (b.reply_in_thread && b.run.cause.kind == "event").then_some(b.run.cause.id.as_str());
@@ -611,13 +621,21 @@ fn sign_message(
         now: u64::try_from(now).unwrap_or(0),
     };
     Ok(match admission::check(&ev, raw.len(), &rules) {
-        Ok(()) => Ok((ev, raw)),
-        Err(admission::Refusal::TooLarge { bytes, .. }) => Err(too_large(bytes.to_string())),
-        Err(r) => Err(("message_refused", format!("step {}: {r}", b.step_id))),
+        Ok(()) => Signed::Message(ev, raw),
+        Err(admission::Refusal::TooLarge { bytes, .. }) => Signed::Refused(too_large(bytes.to_string())),
+        Err(r) => Signed::Refused(("message_refused", format!("step {}: {r}", b.step_id))),
     })
 }
 
-/// Executes the current step of a run, if it is still running, inside `tx`.
+/// A signed step message and its JSON, or why the run fails instead.
+enum Signed {
+    Message(Event, String),
+    Refused(RunError),
+}
+
+/// Executes the current step of a run, if it is still running, inside `tx`:
+/// its message (made once: a replay reuses it), its delivery rows, and
+/// the run's next position.
 pub async fn execute_step(
     tx: &mut Tx<'_>,
     community: &str,
@@ -630,47 +648,128 @@ pub async fn execute_step(
     // Concurrent executions of one run (several processes) serialise here;
     // the second sees the step already done.
     tx.lock(&format!("{community}:run:{run_id}")).await?;
-    let Some(run) = load_run(tx, community, run_id).await? else {
+    let Some((run, steps)) = due_step(tx, community, run_id).await? else {
         return Ok(out);
     };
-    if run.status != "running" {
-        return Ok(out);
+    let step = &steps.step;
+    let now = tx.now().await?;
+    let binding = Binding {
+        run: &run,
+        run_id,
+        step_id: &step.id,
+        definition_hex: &hex::encode(run.definition_event_id),
+        reply_in_thread: step.reply_in_thread,
+    };
+    let message = match step_message(tx, community, keys, &binding, &step.template, now, limits).await? {
+        Made::Found(message) => message,
+        Made::New(message, raw) => {
+            out.published.push((message.clone(), raw));
+            message
+        }
+        Made::Refused(why) => {
+            end_run(tx, community, run_id, RunStatus::Failed, Some(why)).await?;
+            return Ok(out);
+        }
+    };
+    out.new_deliveries = insert_deliveries(tx, community, &binding, &message, cfg, now).await?;
+    faults::check("step:after_rows")?;
+    out.more = advance(tx, community, &binding, &message, steps.count, now).await?;
+    faults::check("step:before_commit")?;
+    Ok(out)
+}
+
+/// The step a run is at, parsed.
+struct DueStep {
+    id: String,
+    template: Template,
+    reply_in_thread: bool,
+}
+
+/// A run's current step and how many steps its definition has.
+struct Steps {
+    step: DueStep,
+    count: usize,
+}
+
+/// The run and its current step, if it has one to execute. A run that
+/// cannot go on (its workflow disabled, its definition gone, its template
+/// broken) or has no step left is ended here.
+async fn due_step(
+    tx: &mut Tx<'_>,
+    community: &str,
+    run_id: &str,
+) -> Result<Option<(RunRow, Steps)>, StoreError> {
+    let Some(run) = load_run(tx, community, run_id).await? else {
+        return Ok(None);
+    };
+    if run.status != RunStatus::Running {
+        return Ok(None);
     }
     let live = load_workflow(tx, community, &run.workflow_id)
         .await?
         .is_some_and(|w| w.enabled && !w.deleted);
-    if !live {
-        let why = ("workflow_disabled", "workflow disabled or deleted".to_string());
-        end_run(tx, community, run_id, "cancelled", Some(why)).await?;
-        return Ok(out);
-    }
-    let Some(def) = load_definition(tx, community, &run.definition_event_id).await? else {
-        let why = (
-            "definition_missing",
-            "definition revision is no longer stored".to_string(),
-        );
-        end_run(tx, community, run_id, "failed", Some(why)).await?;
-        return Ok(out);
+    let def = if live {
+        load_definition(tx, community, &run.definition_event_id).await?
+    } else {
+        None
     };
     let step_index = usize::try_from(run.current_step).unwrap_or(usize::MAX);
-    let Some(step) = def.steps.get(step_index) else {
-        end_run(tx, community, run_id, "completed", None).await?;
-        return Ok(out);
+    let (end, why) = match &def {
+        _ if !live => (
+            RunStatus::Cancelled,
+            Some(("workflow_disabled", "workflow disabled or deleted")),
+        ),
+        None => (
+            RunStatus::Failed,
+            Some(("definition_missing", "definition revision is no longer stored")),
+        ),
+        Some(def) => match def.steps.get(step_index) {
+            None => (RunStatus::Completed, None),
+            Some(Step::SendMessage {
+                id,
+                text,
+                reply_in_thread,
+            }) => match Template::parse(text) {
+                Ok(template) => {
+                    let step = DueStep {
+                        id: id.clone(),
+                        template,
+                        reply_in_thread: *reply_in_thread,
+                    };
+                    let count = def.steps.len();
+                    return Ok(Some((run, Steps { step, count })));
+                }
+                Err(_) => (
+                    RunStatus::Failed,
+                    Some(("template_invalid", "step template no longer parses")),
+                ),
+            },
+        },
     };
-    let Step::SendMessage {
-        id: step_id,
-        text,
-        reply_in_thread,
-    } = step;
-    let Ok(template) = Template::parse(text) else {
-        let why = ("template_invalid", "step template no longer parses".to_string());
-        end_run(tx, community, run_id, "failed", Some(why)).await?;
-        return Ok(out);
-    };
-    let now = tx.now().await?;
-    let definition_hex = hex::encode(run.definition_event_id);
+    let why = why.map(|(code, text)| (code, text.to_string()));
+    end_run(tx, community, run_id, end, why).await?;
+    Ok(None)
+}
 
-    // The step's message: reuse on replay, else render, sign and store.
+/// A step's message: found (a replay), new (to announce), or refused
+/// (the run fails with that error).
+enum Made {
+    Found(Event),
+    New(Event, String),
+    Refused(RunError),
+}
+
+/// The step's message: the one stored by an earlier execution, else
+/// rendered, signed and stored now, with its record.
+async fn step_message(
+    tx: &mut Tx<'_>,
+    community: &str,
+    keys: &Keys,
+    b: &Binding<'_>,
+    template: &Template,
+    now: i64,
+    limits: &Limits,
+) -> Result<Made, StoreError> {
     let existing = tx
         .one(
             Q::new(
@@ -679,81 +778,68 @@ pub async fn execute_step(
                  WHERE m.community_id = $1 AND m.run_id = $2 AND m.step_id = $3",
             )
             .bind(community)
-            .bind(run_id)
-            .bind(step_id.as_str()),
+            .bind(b.run_id)
+            .bind(b.step_id),
         )
         .await?;
-    let message: Event = match existing {
-        Some(row) => serde_json::from_str(&row.text(0)?).map_err(|e| StoreError::Corrupt(e.to_string()))?,
-        None => {
-            let binding = Binding {
-                run: &run,
-                run_id,
-                step_id,
-                definition_hex: &definition_hex,
-                reply_in_thread: *reply_in_thread,
-            };
-            let (ev, raw) = match sign_message(keys, &binding, &template, now, limits)? {
-                Ok(signed) => signed,
-                Err(why) => {
-                    end_run(tx, community, run_id, "failed", Some(why)).await?;
-                    return Ok(out);
-                }
-            };
-            match insert_event_tx(tx, community, &ev, &raw, Some(&run.channel)).await? {
-                InsertOutcome::Stored | InsertOutcome::Duplicate => {}
-                InsertOutcome::Rejected(why) => {
-                    return Err(StoreError::Corrupt(format!("workflow message refused: {why}")))
-                }
-            }
-            tx.exec(
-                Q::new(
-                    "INSERT INTO workflow_step_messages (community_id, run_id, step_id, event_id, event_created_at) \
-                     VALUES ($1, $2, $3, $4, $5)",
-                )
-                .bind(community)
-                .bind(run_id)
-                .bind(step_id.as_str())
-                .bind(ev.id.to_bytes())
-                .bind(now),
-            )
-            .await?;
-            faults::check("step:after_event")?;
-            out.published.push((ev.clone(), raw));
-            ev
-        }
+    if let Some(row) = existing {
+        let found = serde_json::from_str(&row.text(0)?).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        return Ok(Made::Found(found));
+    }
+    let (ev, raw) = match sign_message(keys, b, template, now, limits)? {
+        Signed::Message(ev, raw) => (ev, raw),
+        Signed::Refused(why) => return Ok(Made::Refused(why)),
     };
+    match insert_event_tx(tx, community, &ev, &raw, Some(&b.run.channel)).await? {
+        InsertOutcome::Stored | InsertOutcome::Duplicate => {}
+        InsertOutcome::Rejected(why) => {
+            return Err(StoreError::Corrupt(format!("workflow message refused: {why}")))
+        }
+    }
+    tx.exec(
+        Q::new(
+            "INSERT INTO workflow_step_messages (community_id, run_id, step_id, event_id, event_created_at) \
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(community)
+        .bind(b.run_id)
+        .bind(b.step_id)
+        .bind(ev.id.to_bytes())
+        .bind(now),
+    )
+    .await?;
+    faults::check("step:after_event")?;
+    Ok(Made::New(ev, raw))
+}
 
-    // One delivery row per recipient that is a managed agent and a member:
-    // one query for who qualifies, one multi-row insert (a replay inserts
-    // nothing new: the rows are unique on run, step and target).
-    let message_id_hex = message.id.to_hex();
-    let message_created = created_at_of(&message);
+/// The message's `p` recipients, each once, in order.
+fn recipients_of(message: &Event) -> Vec<PublicKey> {
     let mut targets: Vec<PublicKey> = Vec::new();
-    for p in workflow::tag_values(&message, "p") {
+    for p in workflow::tag_values(message, "p") {
         if let Ok(t) = PublicKey::from_hex(p) {
             if !targets.contains(&t) {
                 targets.push(t);
             }
         }
     }
-    let d = tx.dialect();
-    for chunk in targets.chunks(MAX_ROWS_PER_INSERT) {
-        let mut q = Q::new(
-            "SELECT a.pubkey FROM agents a JOIN channel_members m ON m.community_id = a.community_id \
-             AND m.pubkey = a.pubkey WHERE a.community_id = ",
-        )
-        .arg(d, community);
-        q.sql.push_str(" AND m.channel_id = ");
-        q = q.arg(d, run.channel.as_str());
-        q.sql.push_str(" AND a.pubkey IN ");
-        q = q.in_list(d, chunk.iter().map(|t| t.to_bytes()));
-        let eligible: Vec<[u8; 32]> = tx
-            .all(q)
-            .await?
-            .iter()
-            .map(|r| r.id32(0))
-            .collect::<Result<_, _>>()?;
+    targets
+}
+
+/// One delivery row per recipient that is a managed agent and a member:
+/// per chunk, one query for who qualifies and one multi-row insert (a
+/// replay inserts nothing new: the rows are unique on run, step and
+/// target). Returns the rows made now (to wake).
+async fn insert_deliveries(
+    tx: &mut Tx<'_>,
+    community: &str,
+    b: &Binding<'_>,
+    message: &Event,
+    cfg: &DeliveryConfig,
+    now: i64,
+) -> Result<Vec<NewDelivery>, StoreError> {
+    let mut made = Vec::new();
+    for chunk in recipients_of(message).chunks(MAX_ROWS_PER_INSERT) {
+        let eligible = eligible_agents(tx, community, &b.run.channel, chunk).await?;
         let rows: Vec<(&PublicKey, String)> = chunk
             .iter()
             .filter(|t| eligible.contains(&t.to_bytes()))
@@ -762,81 +848,130 @@ pub async fn execute_step(
         if rows.is_empty() {
             continue;
         }
-        let mut q = Q::new(
-            "INSERT INTO workflow_agent_deliveries (community_id, id, workflow_id, run_id, step_id, \
-             target_pubkey, channel, definition_event_id, message_event_id, message_created_at, status, \
-             attempt, max_attempts, next_attempt_at, expires_at, trigger_context, execution_trace, \
-             created_at, updated_at) VALUES ",
-        );
-        let expires = now.saturating_add(i64::try_from(cfg.lifetime_secs).unwrap_or(i64::MAX));
-        let (context, trace) = (run.trigger_context.to_string(), run.trace.to_string());
-        for (k, (target, id)) in rows.iter().enumerate() {
-            d.push_values_row(&mut q.sql, k, 19);
-            q = q
-                .bind(community)
-                .bind(id.as_str())
-                .bind(run.workflow_id.as_str())
-                .bind(run_id)
-                .bind(step_id.as_str())
-                .bind(target.to_bytes())
-                .bind(run.channel.as_str())
-                .bind(run.definition_event_id)
-                .bind(message.id.to_bytes())
-                .bind(message_created)
-                .bind("pending")
-                .bind(0_i64)
-                .bind(i64::from(cfg.max_attempts))
-                .bind(now)
-                .bind(expires)
-                .bind(context.as_str())
-                .bind(trace.as_str())
-                .bind(now)
-                .bind(now);
-        }
-        q.sql.push_str(
-            " ON CONFLICT (community_id, run_id, step_id, target_pubkey) DO NOTHING RETURNING target_pubkey",
-        );
-        let made: Vec<[u8; 32]> = tx
-            .all(q)
-            .await?
-            .iter()
-            .map(|r| r.id32(0))
-            .collect::<Result<_, _>>()?;
+        let inserted = insert_rows(tx, community, b, message, &rows, cfg, now).await?;
         for (target, id) in rows {
-            if made.contains(&target.to_bytes()) {
-                out.new_deliveries.push(NewDelivery {
+            if inserted.contains(&target.to_bytes()) {
+                made.push(NewDelivery {
                     id,
                     target: *target,
-                    channel: run.channel.clone(),
-                    definition_event_id: definition_hex.clone(),
-                    run_id: run_id.to_string(),
-                    step_id: step_id.clone(),
-                    message_event_id: message_id_hex.clone(),
+                    channel: b.run.channel.clone(),
+                    definition_event_id: b.definition_hex.to_string(),
+                    run_id: b.run_id.to_string(),
+                    step_id: b.step_id.to_string(),
+                    message_event_id: message.id.to_hex(),
                 });
             }
         }
     }
-    faults::check("step:after_rows")?;
+    Ok(made)
+}
 
-    let mut trace = run.trace.as_array().cloned().unwrap_or_default();
-    trace.push(json!({"step": step_id, "output": {"event_id": message_id_hex, "text": message.content}}));
-    let next = run.current_step + 1;
-    out.more = usize::try_from(next).is_ok_and(|n| n < def.steps.len());
+/// Of `candidates`, the registered agents that are members of `channel`.
+async fn eligible_agents(
+    tx: &mut Tx<'_>,
+    community: &str,
+    channel: &str,
+    candidates: &[PublicKey],
+) -> Result<Vec<[u8; 32]>, StoreError> {
+    let d = tx.dialect();
+    let mut q = Q::new(
+        "SELECT a.pubkey FROM agents a JOIN channel_members m ON m.community_id = a.community_id \
+         AND m.pubkey = a.pubkey WHERE a.community_id = ",
+    )
+    .arg(d, community);
+    q.sql.push_str(" AND m.channel_id = ");
+    q = q.arg(d, channel);
+    q.sql.push_str(" AND a.pubkey IN ");
+    q = q.in_list(d, candidates.iter().map(|t| t.to_bytes()));
+    tx.all(q).await?.iter().map(|r| r.id32(0)).collect()
+}
+
+/// Inserts `rows` (target, new id) as pending deliveries of the step's
+/// message; returns the targets whose row is new.
+async fn insert_rows(
+    tx: &mut Tx<'_>,
+    community: &str,
+    b: &Binding<'_>,
+    message: &Event,
+    rows: &[(&PublicKey, String)],
+    cfg: &DeliveryConfig,
+    now: i64,
+) -> Result<Vec<[u8; 32]>, StoreError> {
+    const COLS: usize = 19;
+    let mut q = Q::new(
+        "INSERT INTO workflow_agent_deliveries (community_id, id, workflow_id, run_id, step_id, \
+         target_pubkey, channel, definition_event_id, message_event_id, message_created_at, status, \
+         attempt, max_attempts, next_attempt_at, expires_at, trigger_context, execution_trace, \
+         created_at, updated_at) VALUES ",
+    );
+    let expires = now.saturating_add(i64::try_from(cfg.lifetime_secs).unwrap_or(i64::MAX));
+    let (context, trace) = (b.run.trigger_context.to_string(), b.run.trace.to_string());
+    let d = tx.dialect();
+    for (k, (target, id)) in rows.iter().enumerate() {
+        d.push_values_row(&mut q.sql, k, COLS);
+        q = q
+            .bind(community)
+            .bind(id.as_str())
+            .bind(b.run.workflow_id.as_str())
+            .bind(b.run_id)
+            .bind(b.step_id)
+            .bind(target.to_bytes())
+            .bind(b.run.channel.as_str())
+            .bind(b.run.definition_event_id)
+            .bind(message.id.to_bytes())
+            .bind(created_at_of(message))
+            .bind(DeliveryStatus::Pending.as_str())
+            .bind(0_i64)
+            .bind(i64::from(cfg.max_attempts))
+            .bind(now)
+            .bind(expires)
+            .bind(context.as_str())
+            .bind(trace.as_str())
+            .bind(now)
+            .bind(now);
+    }
+    debug_assert_eq!(q.binds.len(), rows.len() * COLS);
+    q.sql.push_str(
+        " ON CONFLICT (community_id, run_id, step_id, target_pubkey) DO NOTHING RETURNING target_pubkey",
+    );
+    tx.all(q).await?.iter().map(|r| r.id32(0)).collect()
+}
+
+/// Records the step's output in the trace and moves the run on (completed
+/// after its last step). Returns whether steps remain.
+async fn advance(
+    tx: &mut Tx<'_>,
+    community: &str,
+    b: &Binding<'_>,
+    message: &Event,
+    step_count: usize,
+    now: i64,
+) -> Result<bool, StoreError> {
+    let mut trace = b.run.trace.as_array().cloned().unwrap_or_default();
+    trace.push(
+        json!({"step": b.step_id, "output": {"event_id": message.id.to_hex(), "text": message.content}}),
+    );
+    let next = b.run.current_step + 1;
+    let more = usize::try_from(next).is_ok_and(|n| n < step_count);
+    let status = if more {
+        RunStatus::Running
+    } else {
+        RunStatus::Completed
+    };
     tx.exec(
         Q::new(
             "UPDATE workflow_runs SET current_step = $3, trace = $4, status = $5, updated_at = $6 \
              WHERE community_id = $1 AND id = $2",
         )
         .bind(community)
-        .bind(run_id)
+        .bind(b.run_id)
         .bind(next)
         .bind(Value::Array(trace).to_string())
-        .bind(if out.more { "running" } else { "completed" })
+        .bind(status.as_str())
         .bind(now),
     )
     .await?;
-    faults::check("step:before_commit")?;
-    Ok(out)
+    Ok(more)
 }
 
 /// Runs that are still running, oldest first: one statement, so it needs
@@ -884,7 +1019,9 @@ pub async fn fire_schedules(tx: &mut Tx<'_>, community: &str) -> Result<Vec<Stri
             kind: "schedule".into(),
             id: slot.to_string(),
         };
-        if let Ok((run, true)) = create_run(tx, community, &id, &cause, json!({"slot": slot})).await? {
+        if let Some((run, true)) =
+            unless_refused(create_run(tx, community, &id, &cause, json!({"slot": slot})).await)?
+        {
             runs.push(run);
         }
     }
@@ -900,15 +1037,14 @@ pub async fn owned(
     workflow_id: &str,
     caller: &PublicKey,
     member: bool,
-) -> Result<Answer<()>, StoreError> {
-    Ok(match load_workflow(tx, community, workflow_id).await? {
-        None => Err(Refusal::UnknownWorkflow),
-        Some(w) if w.owner != caller.to_bytes() => Err(Refusal::NotOwner),
-        Some(w) if member && !is_member(tx, community, &w.channel, &w.owner).await? => {
-            Err(Refusal::OwnerLeft)
-        }
-        Some(_) => Ok(()),
-    })
+) -> Answer<()> {
+    let refused = match load_workflow(tx, community, workflow_id).await? {
+        None => Refusal::UnknownWorkflow,
+        Some(w) if w.owner != caller.to_bytes() => Refusal::NotOwner,
+        Some(w) if member && !is_member(tx, community, &w.channel, &w.owner).await? => Refusal::OwnerLeft,
+        Some(_) => return Ok(()),
+    };
+    Err(refused.into())
 }
 
 /// Stores the hash of a new webhook secret (rotating any previous one).
@@ -1066,4 +1202,31 @@ pub async fn show_run(tx: &mut Tx<'_>, community: &str, run_id: &str) -> Result<
         Ok(run)
     })
     .transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use protocol::api::DeliveryStatus;
+
+    use super::super::machine::{transition, Event, State, Transition};
+    use super::ACTIVE_ROWS;
+
+    #[test]
+    fn bulk_cancellation_touches_the_states_the_machine_cancels() {
+        for status in DeliveryStatus::ALL {
+            let row = State {
+                status: *status,
+                attempt: 1,
+                max_attempts: 3,
+                claim_token: Some("t"),
+                claim_expires_at: Some(10),
+                next_attempt_at: 0,
+                expires_at: 100,
+                records_operations: false,
+            };
+            let cancels = transition(&row, Event::Cancel, 5) == Ok(Transition::Cancel);
+            let touched = ACTIVE_ROWS.contains(&format!("'{}'", status.as_str()));
+            assert_eq!(cancels, touched, "{status:?}");
+        }
+    }
 }

@@ -1,0 +1,273 @@
+//! The call writer's calls (`group.rs` runs them): one type per call, each
+//! with its arguments, its locks and its reply. The work itself is in
+//! `deliveries.rs` and `channels.rs`.
+
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use nostr::prelude::{Event, Keys, PublicKey};
+use protocol::api::{ClaimRequest, FinishRequest, OperationRequest, Outcome, RenewRequest};
+
+use super::channels::{self, Published};
+use super::db::Tx;
+use super::deliveries::{self, Delivery, Finished};
+use super::group::WriteCall;
+use super::refusal::Answer;
+use super::sqlstore::author_lock_key;
+use super::InsertOutcome;
+use crate::config::{ChannelPolicy, DeliveryConfig};
+
+/// Nothing but the job's auth record (a NIP-98 request that writes nothing
+/// else): submitted with `Calls::run_spending`. Its record is written
+/// before the calls run (`spend_all`): a replay never gets to `run`.
+pub(crate) struct HttpAuth {
+    pub community: String,
+}
+
+impl WriteCall for HttpAuth {
+    type Reply = ();
+
+    fn community(&self) -> &str {
+        &self.community
+    }
+
+    fn caller(&self) -> Option<&PublicKey> {
+        None
+    }
+
+    fn one_write(&self) -> bool {
+        true
+    }
+
+    fn run<'a>(&'a self, _tx: &'a mut Tx<'_>, _cfg: &'a DeliveryConfig) -> BoxFuture<'a, Answer<()>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// `POST /deliveries/claim`.
+pub(crate) struct Claim {
+    pub community: String,
+    pub caller: PublicKey,
+    pub req: ClaimRequest,
+}
+
+impl WriteCall for Claim {
+    type Reply = Option<Delivery>;
+
+    fn community(&self) -> &str {
+        &self.community
+    }
+
+    fn caller(&self) -> Option<&PublicKey> {
+        Some(&self.caller)
+    }
+
+    fn one_write(&self) -> bool {
+        true
+    }
+
+    /// A claim (one cheap statement) starts an agent's work.
+    fn starts_work(&self) -> bool {
+        true
+    }
+
+    fn run<'a>(&'a self, tx: &'a mut Tx<'_>, cfg: &'a DeliveryConfig) -> BoxFuture<'a, Answer<Self::Reply>> {
+        Box::pin(deliveries::claim(
+            tx,
+            &self.community,
+            &self.caller,
+            &self.req,
+            cfg,
+        ))
+    }
+}
+
+/// `POST /deliveries/<id>/renew`: the new end of the lease.
+pub(crate) struct Renew {
+    pub community: String,
+    pub caller: PublicKey,
+    pub id: String,
+    pub req: RenewRequest,
+}
+
+impl WriteCall for Renew {
+    type Reply = i64;
+
+    fn community(&self) -> &str {
+        &self.community
+    }
+
+    fn caller(&self) -> Option<&PublicKey> {
+        Some(&self.caller)
+    }
+
+    fn one_write(&self) -> bool {
+        true
+    }
+
+    fn run<'a>(&'a self, tx: &'a mut Tx<'_>, cfg: &'a DeliveryConfig) -> BoxFuture<'a, Answer<i64>> {
+        Box::pin(deliveries::renew(
+            tx,
+            &self.community,
+            &self.caller,
+            &self.id,
+            &self.req,
+            cfg,
+        ))
+    }
+}
+
+/// `POST /deliveries/<id>/operations`.
+pub(crate) struct Operation {
+    pub community: String,
+    pub caller: PublicKey,
+    pub id: String,
+    pub req: OperationRequest,
+}
+
+impl WriteCall for Operation {
+    type Reply = ();
+
+    fn community(&self) -> &str {
+        &self.community
+    }
+
+    fn caller(&self) -> Option<&PublicKey> {
+        Some(&self.caller)
+    }
+
+    fn one_write(&self) -> bool {
+        true
+    }
+
+    fn run<'a>(&'a self, tx: &'a mut Tx<'_>, cfg: &'a DeliveryConfig) -> BoxFuture<'a, Answer<()>> {
+        Box::pin(deliveries::record_operation(
+            tx,
+            &self.community,
+            &self.caller,
+            &self.id,
+            &self.req,
+            cfg,
+        ))
+    }
+}
+
+/// `POST /deliveries/<id>/finish`.
+pub(crate) struct Finish {
+    pub community: String,
+    pub keys: Keys,
+    pub caller: PublicKey,
+    pub id: String,
+    pub req: FinishRequest,
+}
+
+impl WriteCall for Finish {
+    type Reply = Finished;
+
+    fn community(&self) -> &str {
+        &self.community
+    }
+
+    fn caller(&self) -> Option<&PublicKey> {
+        Some(&self.caller)
+    }
+
+    /// The author of its reply and, unless the outcome is `delivered`, the
+    /// community key (a failure is announced by a relay-signed notice).
+    fn lock_keys(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .req
+            .reply
+            .iter()
+            .map(|r| author_lock_key(&self.community, &r.pubkey))
+            .collect();
+        if self.req.outcome != Outcome::Delivered {
+            out.push(author_lock_key(&self.community, &self.keys.public_key()));
+        }
+        out
+    }
+
+    fn run<'a>(&'a self, tx: &'a mut Tx<'_>, cfg: &'a DeliveryConfig) -> BoxFuture<'a, Answer<Finished>> {
+        Box::pin(deliveries::finish(
+            tx,
+            &self.community,
+            &self.keys,
+            &self.caller,
+            &self.id,
+            &self.req,
+            cfg,
+        ))
+    }
+
+    fn announced(reply: &Finished) -> Vec<&str> {
+        reply.published.iter().map(|(_, raw)| raw.as_str()).collect()
+    }
+}
+
+/// A channel event (NIP-29 kinds, and channel messages that may start
+/// workflow runs): stored with its channel's rules.
+pub(crate) struct ChannelEvent {
+    pub community: String,
+    pub keys: Keys,
+    pub policy: ChannelPolicy,
+    pub event: Arc<Event>,
+    pub raw: Arc<str>,
+}
+
+impl WriteCall for ChannelEvent {
+    type Reply = (InsertOutcome, Published);
+
+    fn community(&self) -> &str {
+        &self.community
+    }
+
+    fn caller(&self) -> Option<&PublicKey> {
+        Some(&self.event.pubkey)
+    }
+
+    /// A channel message may start workflow runs (and is what people in the
+    /// channel wait to see).
+    fn starts_work(&self) -> bool {
+        true
+    }
+
+    /// Its channel, its author and, for the kinds that make the relay
+    /// re-sign the channel's metadata, the community key (as the author of
+    /// those events).
+    fn lock_keys(&self) -> Vec<String> {
+        let mut out = vec![author_lock_key(&self.community, &self.event.pubkey)];
+        if let Some(channel) = channels::h_tag(&self.event) {
+            out.push(channels::lock_key(&self.community, channel));
+        }
+        if channels::republishes(self.event.kind.as_u16()) {
+            out.push(author_lock_key(&self.community, &self.keys.public_key()));
+        }
+        out
+    }
+
+    fn run<'a>(&'a self, tx: &'a mut Tx<'_>, _cfg: &'a DeliveryConfig) -> BoxFuture<'a, Answer<Self::Reply>> {
+        Box::pin(async move {
+            let applied = channels::apply(
+                tx,
+                &self.community,
+                &self.keys,
+                &self.policy,
+                &self.event,
+                &self.raw,
+            );
+            Ok(applied.await?)
+        })
+    }
+
+    /// An event not stored is rolled back: it must leave no trace.
+    fn keeps((outcome, _): &Self::Reply) -> bool {
+        *outcome == InsertOutcome::Stored
+    }
+
+    fn announced((outcome, published): &Self::Reply) -> Vec<&str> {
+        match outcome {
+            InsertOutcome::Stored => published.iter().map(|(_, raw)| raw.as_str()).collect(),
+            _ => Vec::new(),
+        }
+    }
+}

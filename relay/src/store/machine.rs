@@ -1,0 +1,634 @@
+//! The delivery state machine (PROTOCOL.md section 8) as one pure
+//! function: given a row's state, what happens to it and the database
+//! clock, [`transition`] decides the transition or the refusal. The SQL in
+//! `deliveries.rs` applies what it decides (and its statements re-check the
+//! state they leave, so that concurrent writers cannot both win).
+//!
+//! ```text
+//! pending --claim--> claimed --finish delivered--> delivered
+//!                      |  --finish retry (attempts left)--> pending (backoff)
+//!                      |  --finish failed / retry (none left) / lease lapsed--> failed
+//!                      |  --lease lapsed, recorded no write, attempts left--> pending
+//! pending --lifetime over--> expired
+//! pending|claimed --channel deleted / workflow disabled--> cancelled
+//! ```
+//!
+//! A stale holder is fenced: every renew, operation and finish must come
+//! from the target, with the current token, while the row is `claimed` and
+//! its lease has not ended.
+
+use protocol::api::{DeliveryStatus as Status, Outcome};
+
+use super::refusal::Refusal;
+
+/// What the machine needs of a row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct State<'a> {
+    pub status: Status,
+    pub attempt: i64,
+    pub max_attempts: i64,
+    pub claim_token: Option<&'a str>,
+    pub claim_expires_at: Option<i64>,
+    pub next_attempt_at: i64,
+    pub expires_at: i64,
+    /// The claim said it records its operations (a lapsed lease with no
+    /// recorded write may then be redelivered).
+    pub records_operations: bool,
+}
+
+/// What happens to a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event<'a> {
+    /// A claim of this row by `caller` for `lease_secs`.
+    Claim { is_target: bool, lease_secs: i64 },
+    /// A holder's call that changes nothing but must be fenced (recording
+    /// an operation).
+    Hold { is_target: bool, token: &'a str },
+    Renew {
+        is_target: bool,
+        token: &'a str,
+        lease_secs: i64,
+    },
+    /// `backoff_secs`: the wait before the next attempt after a retry of
+    /// this attempt.
+    Finish {
+        is_target: bool,
+        token: &'a str,
+        outcome: Outcome,
+        backoff_secs: i64,
+    },
+    /// The sweeper found the lease ended; `wrote`: the attempt recorded a
+    /// write.
+    LeaseLapsed { wrote: bool },
+    /// The sweeper found the row's lifetime over.
+    LifetimeOver,
+    /// The channel was deleted or the workflow disabled.
+    Cancel,
+}
+
+/// Why a delivery failed for good.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// Retry asked for with no attempt left.
+    AttemptsExhausted,
+    /// The lease ended and redelivery was not known to be safe.
+    LeaseExpired,
+    /// The agent said so (its code).
+    Agent,
+}
+
+impl Failure {
+    /// The notice's code (the agent's own for [`Failure::Agent`]).
+    pub fn code(self) -> Option<&'static str> {
+        match self {
+            Failure::AttemptsExhausted => Some("attempts_exhausted"),
+            Failure::LeaseExpired => Some("lease_expired"),
+            Failure::Agent => None,
+        }
+    }
+}
+
+/// What the store does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transition {
+    /// A claim found nothing to claim: no change (the answer is `null`).
+    NotDue,
+    /// `pending -> claimed`, attempt + 1.
+    Claim { attempt: i64, claim_expires_at: i64 },
+    /// A fenced call may go ahead; no change of state.
+    Hold,
+    /// The lease now ends at `claim_expires_at`.
+    Renew { claim_expires_at: i64 },
+    /// `claimed -> delivered`.
+    Deliver,
+    /// `claimed -> pending`, due again at `next_attempt_at`.
+    Backoff { next_attempt_at: i64 },
+    /// `claimed -> pending` at once (nothing was done).
+    Redeliver,
+    /// `-> failed` (terminal, with a notice).
+    Fail(Failure),
+    /// `pending -> expired` (terminal, with a notice).
+    Expire,
+    /// `-> cancelled` (terminal).
+    Cancel,
+    /// The event does not apply to the row's state (the sweeper or a
+    /// cancellation found it changed meanwhile): no change.
+    Stays,
+}
+
+/// Decides what `event` does to a row in state `s` at `now` (unix
+/// seconds by the database clock).
+pub fn transition(s: &State<'_>, event: Event<'_>, now: i64) -> Result<Transition, Refusal> {
+    match event {
+        Event::Claim {
+            is_target,
+            lease_secs,
+        } => claim(s, is_target, lease_secs, now),
+        Event::Hold { is_target, token } => fence(s, is_target, token, now).map(|()| Transition::Hold),
+        Event::Renew {
+            is_target,
+            token,
+            lease_secs,
+        } => {
+            fence(s, is_target, token, now)?;
+            within_lifetime(s, now, lease_secs)?;
+            Ok(Transition::Renew {
+                claim_expires_at: now + lease_secs,
+            })
+        }
+        Event::Finish {
+            is_target,
+            token,
+            outcome,
+            backoff_secs,
+        } => {
+            fence(s, is_target, token, now)?;
+            Ok(finish(s, outcome, backoff_secs, now))
+        }
+        Event::LeaseLapsed { wrote } => Ok(lapse(s, wrote, now)),
+        Event::LifetimeOver => Ok(if s.status == Status::Pending && s.expires_at <= now {
+            Transition::Expire
+        } else {
+            Transition::Stays
+        }),
+        Event::Cancel => Ok(if matches!(s.status, Status::Pending | Status::Claimed) {
+            Transition::Cancel
+        } else {
+            Transition::Stays
+        }),
+    }
+}
+
+/// The fence of a holder's call (renew, operation, finish).
+fn fence(s: &State<'_>, is_target: bool, token: &str, now: i64) -> Result<(), Refusal> {
+    if !is_target {
+        return Err(Refusal::NotTarget);
+    }
+    if s.status == Status::Cancelled {
+        return Err(Refusal::Cancelled);
+    }
+    if s.claim_token != Some(token) {
+        return Err(Refusal::StaleToken);
+    }
+    if s.status != Status::Claimed {
+        return Err(Refusal::NotClaimed(s.status));
+    }
+    if s.claim_expires_at.is_none_or(|t| t <= now) {
+        return Err(Refusal::LeaseExpired);
+    }
+    Ok(())
+}
+
+/// A lease must end by the row's expiry.
+fn within_lifetime(s: &State<'_>, now: i64, lease_secs: i64) -> Result<(), Refusal> {
+    if now.saturating_add(lease_secs) > s.expires_at {
+        return Err(Refusal::LeaseExceedsLifetime {
+            expires_at: s.expires_at,
+        });
+    }
+    Ok(())
+}
+
+fn claim(s: &State<'_>, is_target: bool, lease_secs: i64, now: i64) -> Result<Transition, Refusal> {
+    if !is_target {
+        return Err(Refusal::NotTarget);
+    }
+    if s.status == Status::Cancelled {
+        return Err(Refusal::Cancelled);
+    }
+    if s.status != Status::Pending || s.next_attempt_at > now || s.expires_at <= now {
+        return Ok(Transition::NotDue);
+    }
+    within_lifetime(s, now, lease_secs)?;
+    Ok(Transition::Claim {
+        attempt: s.attempt + 1,
+        claim_expires_at: now + lease_secs,
+    })
+}
+
+fn finish(s: &State<'_>, outcome: Outcome, backoff_secs: i64, now: i64) -> Transition {
+    match outcome {
+        Outcome::Delivered => Transition::Deliver,
+        Outcome::Retry if s.attempt < s.max_attempts => Transition::Backoff {
+            next_attempt_at: now.saturating_add(backoff_secs),
+        },
+        Outcome::Retry => Transition::Fail(Failure::AttemptsExhausted),
+        Outcome::Failed => Transition::Fail(Failure::Agent),
+    }
+}
+
+/// A lapsed lease: redelivered only when nothing can have been done (the
+/// claim records its operations and recorded no write) and attempts and
+/// lifetime remain.
+fn lapse(s: &State<'_>, wrote: bool, now: i64) -> Transition {
+    if s.status != Status::Claimed || s.claim_expires_at.is_some_and(|t| t > now) {
+        return Transition::Stays;
+    }
+    if s.records_operations && !wrote && s.attempt < s.max_attempts && s.expires_at > now {
+        Transition::Redeliver
+    } else {
+        Transition::Fail(Failure::LeaseExpired)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: i64 = 1_000;
+
+    /// A row claimed with token "t", attempt 1 of 3, lease to NOW + 30,
+    /// lifetime to NOW + 100.
+    fn claimed() -> State<'static> {
+        State {
+            status: Status::Claimed,
+            attempt: 1,
+            max_attempts: 3,
+            claim_token: Some("t"),
+            claim_expires_at: Some(NOW + 30),
+            next_attempt_at: NOW - 10,
+            expires_at: NOW + 100,
+            records_operations: false,
+        }
+    }
+
+    fn pending() -> State<'static> {
+        State {
+            status: Status::Pending,
+            attempt: 0,
+            claim_token: None,
+            claim_expires_at: None,
+            ..claimed()
+        }
+    }
+
+    fn with(s: State<'static>, f: impl FnOnce(&mut State<'static>)) -> State<'static> {
+        let mut s = s;
+        f(&mut s);
+        s
+    }
+
+    fn finish(outcome: Outcome) -> Event<'static> {
+        Event::Finish {
+            is_target: true,
+            token: "t",
+            outcome,
+            backoff_secs: 5,
+        }
+    }
+
+    #[test]
+    fn every_edge_of_the_machine() {
+        use Transition as T;
+        let lapsed = with(claimed(), |s| s.claim_expires_at = Some(NOW));
+        let table: Vec<(&str, State<'static>, Event<'static>, Result<Transition, Refusal>)> = vec![
+            // pending -> claimed
+            (
+                "claim",
+                pending(),
+                Event::Claim {
+                    is_target: true,
+                    lease_secs: 30,
+                },
+                Ok(T::Claim {
+                    attempt: 1,
+                    claim_expires_at: NOW + 30,
+                }),
+            ),
+            (
+                "claim in backoff",
+                with(pending(), |s| s.next_attempt_at = NOW + 1),
+                Event::Claim {
+                    is_target: true,
+                    lease_secs: 30,
+                },
+                Ok(T::NotDue),
+            ),
+            (
+                "claim after lifetime",
+                with(pending(), |s| s.expires_at = NOW),
+                Event::Claim {
+                    is_target: true,
+                    lease_secs: 30,
+                },
+                Ok(T::NotDue),
+            ),
+            (
+                "claim of a claimed row",
+                claimed(),
+                Event::Claim {
+                    is_target: true,
+                    lease_secs: 30,
+                },
+                Ok(T::NotDue),
+            ),
+            (
+                "claim of a delivered row",
+                with(claimed(), |s| s.status = Status::Delivered),
+                Event::Claim {
+                    is_target: true,
+                    lease_secs: 30,
+                },
+                Ok(T::NotDue),
+            ),
+            (
+                "claim past the lifetime",
+                pending(),
+                Event::Claim {
+                    is_target: true,
+                    lease_secs: 101,
+                },
+                Err(Refusal::LeaseExceedsLifetime {
+                    expires_at: NOW + 100,
+                }),
+            ),
+            (
+                "claim by another",
+                pending(),
+                Event::Claim {
+                    is_target: false,
+                    lease_secs: 30,
+                },
+                Err(Refusal::NotTarget),
+            ),
+            (
+                "claim of a cancelled row",
+                with(pending(), |s| s.status = Status::Cancelled),
+                Event::Claim {
+                    is_target: true,
+                    lease_secs: 30,
+                },
+                Err(Refusal::Cancelled),
+            ),
+            // claimed -> delivered / pending / failed
+            (
+                "finish delivered",
+                claimed(),
+                finish(Outcome::Delivered),
+                Ok(T::Deliver),
+            ),
+            (
+                "finish retry",
+                claimed(),
+                finish(Outcome::Retry),
+                Ok(T::Backoff {
+                    next_attempt_at: NOW + 5,
+                }),
+            ),
+            (
+                "finish retry, last attempt",
+                with(claimed(), |s| s.attempt = 3),
+                finish(Outcome::Retry),
+                Ok(T::Fail(Failure::AttemptsExhausted)),
+            ),
+            (
+                "finish failed",
+                claimed(),
+                finish(Outcome::Failed),
+                Ok(T::Fail(Failure::Agent)),
+            ),
+            // lapsed leases
+            (
+                "lapsed, wrote nothing, recorded",
+                with(lapsed.clone(), |s| s.records_operations = true),
+                Event::LeaseLapsed { wrote: false },
+                Ok(T::Redeliver),
+            ),
+            (
+                "lapsed, did not record",
+                lapsed.clone(),
+                Event::LeaseLapsed { wrote: false },
+                Ok(T::Fail(Failure::LeaseExpired)),
+            ),
+            (
+                "lapsed, wrote",
+                with(lapsed.clone(), |s| s.records_operations = true),
+                Event::LeaseLapsed { wrote: true },
+                Ok(T::Fail(Failure::LeaseExpired)),
+            ),
+            (
+                "lapsed, no attempt left",
+                with(lapsed.clone(), |s| {
+                    s.records_operations = true;
+                    s.attempt = 3
+                }),
+                Event::LeaseLapsed { wrote: false },
+                Ok(T::Fail(Failure::LeaseExpired)),
+            ),
+            (
+                "lapsed, lifetime over",
+                with(lapsed.clone(), |s| {
+                    s.records_operations = true;
+                    s.expires_at = NOW
+                }),
+                Event::LeaseLapsed { wrote: false },
+                Ok(T::Fail(Failure::LeaseExpired)),
+            ),
+            (
+                "lease not over yet",
+                claimed(),
+                Event::LeaseLapsed { wrote: false },
+                Ok(T::Stays),
+            ),
+            (
+                "lapse of a delivered row",
+                with(lapsed.clone(), |s| s.status = Status::Delivered),
+                Event::LeaseLapsed { wrote: false },
+                Ok(T::Stays),
+            ),
+            // pending -> expired
+            (
+                "lifetime over",
+                with(pending(), |s| s.expires_at = NOW),
+                Event::LifetimeOver,
+                Ok(T::Expire),
+            ),
+            ("lifetime not over", pending(), Event::LifetimeOver, Ok(T::Stays)),
+            (
+                "lifetime over, claimed",
+                with(claimed(), |s| s.expires_at = NOW),
+                Event::LifetimeOver,
+                Ok(T::Stays),
+            ),
+            // pending|claimed -> cancelled
+            ("cancel pending", pending(), Event::Cancel, Ok(T::Cancel)),
+            ("cancel claimed", claimed(), Event::Cancel, Ok(T::Cancel)),
+            (
+                "cancel delivered",
+                with(claimed(), |s| s.status = Status::Delivered),
+                Event::Cancel,
+                Ok(T::Stays),
+            ),
+            // renew
+            (
+                "renew",
+                claimed(),
+                Event::Renew {
+                    is_target: true,
+                    token: "t",
+                    lease_secs: 60,
+                },
+                Ok(T::Renew {
+                    claim_expires_at: NOW + 60,
+                }),
+            ),
+            (
+                "renew past the lifetime",
+                claimed(),
+                Event::Renew {
+                    is_target: true,
+                    token: "t",
+                    lease_secs: 101,
+                },
+                Err(Refusal::LeaseExceedsLifetime {
+                    expires_at: NOW + 100,
+                }),
+            ),
+            (
+                "hold",
+                claimed(),
+                Event::Hold {
+                    is_target: true,
+                    token: "t",
+                },
+                Ok(T::Hold),
+            ),
+        ];
+        for (what, state, event, want) in table {
+            assert_eq!(transition(&state, event, NOW), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn stale_holders_are_fenced_in_order() {
+        let holder_calls = |is_target: bool, token: &'static str| -> [Event<'static>; 3] {
+            [
+                Event::Hold { is_target, token },
+                Event::Renew {
+                    is_target,
+                    token,
+                    lease_secs: 10,
+                },
+                Event::Finish {
+                    is_target,
+                    token,
+                    outcome: Outcome::Delivered,
+                    backoff_secs: 5,
+                },
+            ]
+        };
+        let cases: Vec<(&str, State<'static>, bool, &'static str, Refusal)> = vec![
+            ("another agent", claimed(), false, "t", Refusal::NotTarget),
+            (
+                "cancelled",
+                with(claimed(), |s| s.status = Status::Cancelled),
+                true,
+                "t",
+                Refusal::Cancelled,
+            ),
+            ("an old token", claimed(), true, "old", Refusal::StaleToken),
+            (
+                "no longer claimed",
+                with(claimed(), |s| s.status = Status::Pending),
+                true,
+                "t",
+                Refusal::NotClaimed(Status::Pending),
+            ),
+            (
+                "finished",
+                with(claimed(), |s| s.status = Status::Delivered),
+                true,
+                "t",
+                Refusal::NotClaimed(Status::Delivered),
+            ),
+            (
+                "lease over",
+                with(claimed(), |s| s.claim_expires_at = Some(NOW)),
+                true,
+                "t",
+                Refusal::LeaseExpired,
+            ),
+            (
+                "lease unknown",
+                with(claimed(), |s| s.claim_expires_at = None),
+                true,
+                "t",
+                Refusal::LeaseExpired,
+            ),
+            // The target is checked before anything else: another agent
+            // learns nothing of the row's state.
+            (
+                "another agent, cancelled",
+                with(claimed(), |s| s.status = Status::Cancelled),
+                false,
+                "t",
+                Refusal::NotTarget,
+            ),
+        ];
+        for (what, state, is_target, token, refusal) in cases {
+            for event in holder_calls(is_target, token) {
+                assert_eq!(
+                    transition(&state, event, NOW),
+                    Err(refusal.clone()),
+                    "{what}: {event:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn lease_arithmetic() {
+        // A lease may end exactly at the row's expiry, not a second later.
+        let s = pending();
+        let at_expiry = Event::Claim {
+            is_target: true,
+            lease_secs: 100,
+        };
+        assert!(
+            matches!(transition(&s, at_expiry, NOW), Ok(Transition::Claim { claim_expires_at, .. }) if claim_expires_at == NOW + 100)
+        );
+        let past = Event::Claim {
+            is_target: true,
+            lease_secs: 101,
+        };
+        assert!(transition(&s, past, NOW).is_err());
+        // A lease that ends now has ended; one that ends in a second has not.
+        let ending = with(claimed(), |s| s.claim_expires_at = Some(NOW + 1));
+        assert_eq!(
+            transition(
+                &ending,
+                Event::Hold {
+                    is_target: true,
+                    token: "t"
+                },
+                NOW
+            ),
+            Ok(Transition::Hold)
+        );
+        let ended = with(claimed(), |s| s.claim_expires_at = Some(NOW));
+        assert_eq!(
+            transition(
+                &ended,
+                Event::Hold {
+                    is_target: true,
+                    token: "t"
+                },
+                NOW
+            ),
+            Err(Refusal::LeaseExpired)
+        );
+        // Backoff never overflows.
+        let far = Event::Finish {
+            is_target: true,
+            token: "t",
+            outcome: Outcome::Retry,
+            backoff_secs: i64::MAX,
+        };
+        assert_eq!(
+            transition(&claimed(), far, NOW),
+            Ok(Transition::Backoff {
+                next_attempt_at: i64::MAX
+            })
+        );
+    }
+}
