@@ -6,14 +6,15 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-/// The layer of each module, from ARCHITECTURE.md (0 = the lowest).
-fn layers() -> HashMap<String, usize> {
+/// The layer of each module, from the block of ARCHITECTURE.md named
+/// `name` (0 = the lowest).
+fn layers(name: &str) -> HashMap<String, usize> {
     let doc = std::fs::read_to_string(root().join("../docs/ARCHITECTURE.md")).expect("ARCHITECTURE.md");
     let block = doc
-        .split("```layers\n")
+        .split(&format!("```{name}\n"))
         .nth(1)
         .and_then(|rest| rest.split("```").next())
-        .expect("a ```layers block in ARCHITECTURE.md");
+        .unwrap_or_else(|| panic!("a ```{name} block in ARCHITECTURE.md"));
     let lines: Vec<&str> = block.lines().filter(|l| !l.trim().is_empty()).collect();
     let mut out = HashMap::new();
     for (i, line) in lines.iter().enumerate() {
@@ -29,14 +30,26 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The `crate::<module>` names a source file uses (comments left out).
-fn uses(path: &Path) -> Vec<String> {
+/// The `<prefix><name>` names a source file uses (comments left out),
+/// `crate::` for the crate's modules, `super::` for a sibling's.
+fn uses(path: &Path, prefixes: &[&str]) -> Vec<String> {
     let text = std::fs::read_to_string(path).expect("source");
     let mut out = Vec::new();
     for line in text.lines().filter(|l| !l.trim_start().starts_with("//")) {
+        for prefix in prefixes {
+            names_after(line, prefix, &mut out);
+        }
+    }
+    out
+}
+
+/// Pushes the names that follow `prefix` in `line` (one, or each of a
+/// `{…}` group).
+fn names_after(line: &str, prefix: &str, out: &mut Vec<String>) {
+    {
         let mut rest = line;
-        while let Some(at) = rest.find("crate::") {
-            rest = &rest[at + "crate::".len()..];
+        while let Some(at) = rest.find(prefix) {
+            rest = &rest[at + prefix.len()..];
             let names: Vec<&str> = match rest.strip_prefix('{') {
                 Some(group) => group.split('}').next().unwrap_or("").split(',').collect(),
                 None => vec![rest],
@@ -53,7 +66,6 @@ fn uses(path: &Path) -> Vec<String> {
             }
         }
     }
-    out
 }
 
 /// Every module of `relay/src` (a directory module counts as one) with
@@ -84,7 +96,7 @@ fn modules() -> Vec<(String, Vec<PathBuf>)> {
 
 #[test]
 fn imports_point_down() {
-    let layers = layers();
+    let layers = layers("layers");
     let mut wrong = Vec::new();
     for (module, files) in modules() {
         let Some(&mine) = layers.get(&module) else {
@@ -92,7 +104,7 @@ fn imports_point_down() {
             continue;
         };
         for file in files {
-            for used in uses(&file) {
+            for used in uses(&file, &["crate::"]) {
                 if used == module {
                     continue;
                 }
@@ -110,6 +122,54 @@ fn imports_point_down() {
     assert!(
         wrong.is_empty(),
         "imports that do not point down:\n{}",
+        wrong.join("\n")
+    );
+}
+
+/// The same inside `relay/src/store`: each file uses only the store's
+/// files of lower layers (`mod.rs`, the root, and its shared types are
+/// open to all). A name after `super::` that is not a file of the store is
+/// an item of `mod.rs`.
+#[test]
+fn store_imports_point_down() {
+    let layers = layers("store-layers");
+    let dir = root().join("src/store");
+    let files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("store")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "rs"))
+        .collect();
+    let module_of = |p: &Path| p.file_stem().and_then(|s| s.to_str()).unwrap_or("").to_string();
+    let modules: Vec<String> = files
+        .iter()
+        .map(|p| module_of(p))
+        .filter(|m| m != "mod")
+        .collect();
+    let mut wrong = Vec::new();
+    for file in &files {
+        let module = module_of(file);
+        if module == "mod" {
+            continue;
+        }
+        let Some(&mine) = layers.get(&module) else {
+            wrong.push(format!(
+                "store/{module} is not in the store-layers of ARCHITECTURE.md"
+            ));
+            continue;
+        };
+        for used in uses(file, &["super::", "crate::store::"]) {
+            if used == module || !modules.contains(&used) {
+                continue;
+            }
+            match layers.get(&used) {
+                Some(&theirs) if theirs < mine => {}
+                _ => wrong.push(format!("store/{module}.rs uses {used}, which is not below it")),
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "store imports that do not point down:\n{}",
         wrong.join("\n")
     );
 }

@@ -4,7 +4,7 @@ use nostr::prelude::Event;
 use protocol::nip_oa::Attestation;
 
 use super::db::{Tx, Q};
-use super::sqlstore::insert_event_tx;
+use super::events;
 use super::{InsertOutcome, StoreError};
 
 /// Records the owner (first valid attestation wins, immutable) and stores
@@ -53,5 +53,7 @@ pub async fn register(
             .await?;
         }
     }
-    insert_event_tx(tx, community, event, raw, None).await
+    Ok(events::insert(tx, community, event, raw, None)
+        .await?
+        .of_no_deletion())
 }

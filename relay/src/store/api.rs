@@ -12,21 +12,11 @@ use serde_json::Value;
 
 use super::calls::{Claim, Finish, Operation, Renew};
 use super::deliveries::{self, Answer, ClaimRequest, Delivery, FinishRequest, Finished, Refusal};
+pub use super::group::HttpAuthUse;
 use super::sqlstore::SqlStore;
 use super::workflows::{self, StepOutcome};
 use super::StoreError;
 use crate::config::{DeliveryConfig, Limits};
-
-/// A NIP-98 auth event that a delivery call spends: recorded as used in the
-/// call's own transaction, before the call and outside its savepoint, so the
-/// record stands even when the call is refused. An event already recorded
-/// makes the call answer 401 `auth_replayed` without running it.
-#[derive(Debug, Clone, Copy)]
-pub struct HttpAuthUse {
-    pub event_id: [u8; 32],
-    /// Unix seconds until which the record is kept (then swept).
-    pub keep_until: i64,
-}
 
 /// Workflows, runs and deliveries.
 #[async_trait]

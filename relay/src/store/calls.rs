@@ -11,9 +11,9 @@ use protocol::api::{ClaimRequest, FinishRequest, OperationRequest, Outcome, Rene
 use super::channels::{self, Published};
 use super::db::Tx;
 use super::deliveries::{self, Delivery, Finished};
+use super::events::author_lock_key;
 use super::group::WriteCall;
 use super::refusal::Answer;
-use super::sqlstore::author_lock_key;
 use super::InsertOutcome;
 use crate::config::{ChannelPolicy, DeliveryConfig};
 
@@ -269,5 +269,64 @@ impl WriteCall for ChannelEvent {
             InsertOutcome::Stored => published.iter().map(|(_, raw)| raw.as_str()).collect(),
             _ => Vec::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use nostr::prelude::{EventBuilder, FinalizeEvent, Keys, Kind};
+    use protocol::api::{FinishRequest, Outcome};
+
+    use super::{ChannelEvent, Claim, Finish, HttpAuth, WriteCall};
+
+    #[test]
+    fn claims_and_channel_messages_start_work_finishes_do_not() {
+        let keys = Keys::generate();
+        let community = "c".to_string();
+        let event = EventBuilder::new(Kind::from_u16(9), "hi")
+            .finalize(&keys)
+            .expect("sign");
+        let message = ChannelEvent {
+            community: community.clone(),
+            keys: keys.clone(),
+            policy: Default::default(),
+            raw: Arc::from(serde_json::to_string(&event).expect("json")),
+            event: Arc::new(event),
+        };
+        let claim = Claim {
+            community: community.clone(),
+            caller: keys.public_key(),
+            req: Default::default(),
+        };
+        let finish = |outcome| Finish {
+            community: community.clone(),
+            keys: keys.clone(),
+            caller: keys.public_key(),
+            id: "d".into(),
+            req: FinishRequest {
+                claim_token: "t".into(),
+                outcome,
+                failure_code: None,
+                failure_message: None,
+                reply: None,
+            },
+        };
+        assert!(claim.starts_work() && message.starts_work());
+        assert!(!finish(Outcome::Delivered).starts_work());
+        assert!(!HttpAuth {
+            community: community.clone()
+        }
+        .starts_work());
+        // A failure is announced by a relay-signed notice: the community
+        // key is locked up front; a delivered finish without a reply locks
+        // nothing.
+        assert!(finish(Outcome::Delivered).lock_keys().is_empty());
+        assert_eq!(finish(Outcome::Failed).lock_keys().len(), 1);
+        // A message without an `h` tag locks its author only; a claim
+        // locks rows only.
+        assert_eq!(message.lock_keys().len(), 1);
+        assert!(claim.lock_keys().is_empty());
     }
 }

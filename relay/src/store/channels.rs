@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, PublicKey, Tag, Timestamp};
 
 use super::db::{Tx, Q};
-use super::sqlstore::insert_event_tx;
+use super::events;
 use super::workflows::Upsert;
 use super::{InsertOutcome, StoreError};
 use crate::config::ChannelPolicy;
@@ -297,7 +297,7 @@ pub async fn apply(
         Plan::Duplicate => return Ok((InsertOutcome::Duplicate, Vec::new())),
         Plan::Apply => {}
     }
-    let outcome = insert_event_tx(tx, community, event, raw, Some(&channel)).await?;
+    let outcome = super::workflows::insert_event(tx, community, event, raw, Some(&channel)).await?;
     if outcome != InsertOutcome::Stored {
         return Ok((outcome, Vec::new()));
     }
@@ -584,7 +584,9 @@ async fn republish(
     }
     for e in events {
         let raw = serde_json::to_string(&e).map_err(|err| StoreError::Corrupt(err.to_string()))?;
-        let outcome = insert_event_tx(tx, community, &e, &raw, Some(channel)).await?;
+        let outcome = events::insert(tx, community, &e, &raw, Some(channel))
+            .await?
+            .of_no_deletion();
         if outcome == InsertOutcome::Stored {
             out.push((e, raw));
         }

@@ -12,8 +12,8 @@ use protocol::api::{
 use serde_json::Value;
 
 use super::db::{named, Dialect, Row, Tx, Q};
+use super::events::{self, author_lock_key};
 use super::machine::{self, Event as On, Failure, Transition};
-use super::sqlstore::insert_event_tx;
 use super::{InsertOutcome, StoreError};
 use crate::config::DeliveryConfig;
 use crate::faults;
@@ -576,7 +576,7 @@ fn check_reply(d: &Delivery, member: bool, reply: &Event) -> Result<(), Refusal>
     if reply.pubkey.to_bytes() != d.target {
         return bad("reply must be signed by the delivery's target");
     }
-    if crate::store::channels::h_tag(reply) != Some(d.channel.as_str()) {
+    if protocol::nip29::h_tag(reply) != Some(d.channel.as_str()) {
         return bad("reply must carry the delivery's channel as its h tag");
     }
     if !member {
@@ -674,11 +674,10 @@ async fn store_reply(
     let Some(reply) = reply else {
         return Ok(None);
     };
-    if let Err(r) = check_reply(d, member, reply) {
-        return Err(r.into());
-    }
+    check_reply(d, member, reply)?;
     let raw = serde_json::to_string(reply).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    let announce = match insert_event_tx(tx, community, reply, &raw, Some(&d.channel)).await? {
+    let inserted = events::insert(tx, community, reply, &raw, Some(&d.channel)).await?;
+    let announce = match inserted.of_no_deletion() {
         InsertOutcome::Stored => Some((reply.clone(), raw)),
         InsertOutcome::Duplicate => None,
         InsertOutcome::Rejected(why) => return Err(Refusal::BadReply(why).into()),
@@ -790,8 +789,7 @@ pub async fn sweep(
     // with it, and a finish batch takes it before the rows it waits for
     // (`Call::lock_keys`); taken after this sweep's rows, the two could
     // each hold what the other waits for.
-    tx.lock(&super::sqlstore::author_lock_key(community, &keys.public_key()))
-        .await?;
+    tx.lock(&author_lock_key(community, &keys.public_key())).await?;
     let now = tx.now().await?;
     let batch = i64::from(cfg.sweep_batch);
     let mut published = Vec::new();

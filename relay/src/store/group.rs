@@ -26,11 +26,21 @@ use futures_util::future::BoxFuture;
 use nostr::prelude::PublicKey;
 use tokio::sync::{mpsc, oneshot};
 
-use super::api::HttpAuthUse;
 use super::db::{Conn, Dialect, Pool, Tx, Q};
 use super::refusal::{Answer, CallError, Refusal};
 use super::StoreError;
 use crate::config::DeliveryConfig;
+
+/// A NIP-98 auth event that a delivery call spends: recorded as used in the
+/// call's own transaction, before the call and outside its savepoint, so the
+/// record stands even when the call is refused. An event already recorded
+/// makes the call answer 401 `auth_replayed` without running it.
+#[derive(Debug, Clone, Copy)]
+pub struct HttpAuthUse {
+    pub event_id: [u8; 32],
+    /// Unix seconds until which the record is kept (then swept).
+    pub keep_until: i64,
+}
 
 /// One write call: its arguments (owned: it outlives the caller's borrow),
 /// how it runs and what it answers. Its reply type is its own, so a call
@@ -582,55 +592,52 @@ async fn run_one(
 #[cfg(test)]
 mod tests {
     use std::collections::VecDeque;
-    use std::sync::Arc;
 
-    use nostr::prelude::{EventBuilder, FinalizeEvent, Keys, Kind};
+    use futures_util::future::BoxFuture;
+    use nostr::prelude::PublicKey;
     use tokio::sync::oneshot;
 
-    use super::super::calls::{ChannelEvent, Claim, HttpAuth};
-    use super::{next_batch, Job, Queued, WriteCall};
+    use super::{next_batch, Answer, Job, Queued, Tx, WriteCall};
+    use crate::config::DeliveryConfig;
 
-    /// What a test job is: a finish-like call, a claim, a channel message.
-    #[derive(Clone, Copy)]
-    enum What {
-        Other,
-        Claim,
-        Message,
+    /// A call that is never run: its community names it, and it may start
+    /// work.
+    struct Test {
+        community: String,
+        starts_work: bool,
     }
 
-    fn boxed<C: WriteCall>(call: C) -> Box<dyn Queued> {
+    impl WriteCall for Test {
+        type Reply = ();
+
+        fn community(&self) -> &str {
+            &self.community
+        }
+
+        fn caller(&self) -> Option<&PublicKey> {
+            None
+        }
+
+        fn starts_work(&self) -> bool {
+            self.starts_work
+        }
+
+        fn run<'a>(&'a self, _tx: &'a mut Tx<'_>, _cfg: &'a DeliveryConfig) -> BoxFuture<'a, Answer<()>> {
+            unreachable!("batches are only formed here")
+        }
+    }
+
+    /// `starts`: a claim or a channel message; otherwise a finish-like call.
+    fn job(starts: bool, n: usize) -> Box<dyn Queued> {
         Box::new(Job {
-            call,
+            call: Test {
+                community: format!("c{n}"),
+                starts_work: starts,
+            },
             spends: None,
             answer: None,
             reply: oneshot::channel().0,
         })
-    }
-
-    fn job(what: What, n: usize) -> Box<dyn Queued> {
-        let community = format!("c{n}");
-        let keys = Keys::generate();
-        match what {
-            What::Claim => boxed(Claim {
-                community,
-                caller: keys.public_key(),
-                req: Default::default(),
-            }),
-            What::Message => {
-                let event = EventBuilder::new(Kind::from_u16(9), "hi")
-                    .finalize(&keys)
-                    .expect("sign");
-                let raw = serde_json::to_string(&event).expect("json");
-                boxed(ChannelEvent {
-                    community,
-                    keys,
-                    policy: Default::default(),
-                    event: Arc::new(event),
-                    raw: Arc::from(raw),
-                })
-            }
-            What::Other => boxed(HttpAuth { community }),
-        }
     }
 
     fn names(batch: &[Box<dyn Queued>]) -> Vec<&str> {
@@ -639,12 +646,11 @@ mod tests {
 
     #[test]
     fn work_starters_go_first_every_other_batch_within_bounds() {
-        use What::*;
         // other, claim, other, message, claim (arrival order).
-        let mut waiting: VecDeque<Box<dyn Queued>> = [Other, Claim, Other, Message, Claim]
+        let mut waiting: VecDeque<Box<dyn Queued>> = [false, true, false, true, true]
             .iter()
             .enumerate()
-            .map(|(n, w)| job(*w, n))
+            .map(|(n, starts)| job(*starts, n))
             .collect();
         let mut batch = Vec::new();
         // Claims and messages first, at most batch_max of them, in arrival order.
@@ -657,7 +663,7 @@ mod tests {
         assert_eq!(names(&batch), ["c0", "c2"]);
         batch.clear();
         // A starters' turn takes the starters alone, even when there is room.
-        waiting.push_back(job(Other, 5));
+        waiting.push_back(job(false, 5));
         next_batch(&mut waiting, &mut batch, 2, true);
         assert_eq!(names(&batch), ["c4"]);
         batch.clear();

@@ -15,8 +15,10 @@ pub mod agents;
 pub mod api;
 pub(crate) mod calls;
 pub mod channels;
+pub(crate) mod communities;
 pub mod db;
 pub mod deliveries;
+pub(crate) mod events;
 mod group;
 pub mod machine;
 pub mod notices;
@@ -26,6 +28,7 @@ pub mod sql;
 pub mod sqlite;
 pub mod sqlstore;
 pub mod workflows;
+pub(crate) mod writer;
 
 use async_trait::async_trait;
 use nostr::prelude::{Event, Filter, Keys, PublicKey};

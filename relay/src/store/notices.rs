@@ -6,7 +6,7 @@
 use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, Tag, Timestamp};
 
 use super::db::Tx;
-use super::sqlstore::insert_event_tx;
+use super::events;
 use super::StoreError;
 
 /// Signs and stores a notice `text` in `channel`, with `tags` after its
@@ -29,6 +29,8 @@ pub async fn post(
         .finalize(keys)
         .map_err(|e| StoreError::Corrupt(format!("signing notice: {e}")))?;
     let raw = serde_json::to_string(&ev).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    insert_event_tx(tx, community, &ev, &raw, Some(channel)).await?;
+    let _stored = events::insert(tx, community, &ev, &raw, Some(channel))
+        .await?
+        .of_no_deletion();
     Ok((ev, raw))
 }

@@ -15,8 +15,8 @@ use protocol::workflow::{self, Cause, Definition, MessageBinding, Step, Trigger,
 use serde_json::{json, Value};
 
 use super::db::{named, Pool, Row, Tx, Q};
+use super::events::{self, created_at_of, Deleted};
 use super::refusal::{unless_refused, Answer, Refusal};
-use super::sqlstore::{created_at_of, insert_event_tx};
 use super::{InsertOutcome, StoreError};
 use crate::admission;
 use crate::config::{DeliveryConfig, Limits};
@@ -190,9 +190,43 @@ pub async fn upsert_definition(
     Ok(Upsert::Recorded)
 }
 
+/// Stores an event under the event rules (`events::insert`) and, for a
+/// stored deletion, runs the workflows' reaction: a deleted definition
+/// (by id or by address) deletes its workflow and cancels its runs and
+/// open deliveries, in the same transaction.
+pub async fn insert_event(
+    tx: &mut Tx<'_>,
+    community: &str,
+    event: &Event,
+    raw: &str,
+    channel: Option<&str>,
+) -> Result<InsertOutcome, StoreError> {
+    let inserted = events::insert(tx, community, event, raw, channel).await?;
+    on_deleted(tx, community, &event.pubkey, &inserted.deleted).await?;
+    Ok(inserted.outcome)
+}
+
+/// The workflows' reaction to what a deletion by `author` named.
+async fn on_deleted(
+    tx: &mut Tx<'_>,
+    community: &str,
+    author: &PublicKey,
+    deleted: &Deleted,
+) -> Result<(), StoreError> {
+    for id in &deleted.ids {
+        on_definition_deleted(tx, community, author, Some(*id), None).await?;
+    }
+    for (kind, d) in &deleted.addresses {
+        if *kind == workflow::DEFINITION_KIND {
+            on_definition_deleted(tx, community, author, None, Some(d)).await?;
+        }
+    }
+    Ok(())
+}
+
 /// A NIP-09 deletion by `author` of a definition (by id or by address):
 /// the workflow stops firing and its pending work is cancelled.
-pub async fn on_definition_deleted(
+async fn on_definition_deleted(
     tx: &mut Tx<'_>,
     community: &str,
     author: &PublicKey,
@@ -790,7 +824,10 @@ async fn step_message(
         Signed::Message(ev, raw) => (ev, raw),
         Signed::Refused(why) => return Ok(Made::Refused(why)),
     };
-    match insert_event_tx(tx, community, &ev, &raw, Some(&b.run.channel)).await? {
+    match events::insert(tx, community, &ev, &raw, Some(&b.run.channel))
+        .await?
+        .of_no_deletion()
+    {
         InsertOutcome::Stored | InsertOutcome::Duplicate => {}
         InsertOutcome::Rejected(why) => {
             return Err(StoreError::Corrupt(format!("workflow message refused: {why}")))
