@@ -103,23 +103,23 @@ pub async fn load(tx: &mut Tx<'_>, community: &str, id: &str) -> Result<Option<C
         )
         .await?
     {
-        let role = if m.text(1)? == "admin" {
+        let role = if m.text("role")? == "admin" {
             Role::Admin
         } else {
             Role::Member
         };
-        members.insert(m.id32(0)?, role);
+        members.insert(m.id32("pubkey")?, role);
     }
     Ok(Some(ChannelView {
         id: id.to_string(),
-        name: row.text(0)?,
-        about: row.text(1)?,
-        picture: row.text(2)?,
-        private: row.bool(3)?,
-        closed: row.bool(4)?,
-        deleted: row.bool(5)?,
+        name: row.text("name")?,
+        about: row.text("about")?,
+        picture: row.text("picture")?,
+        private: row.bool("private")?,
+        closed: row.bool("closed")?,
+        deleted: row.bool("deleted")?,
         members,
-        metadata_at: row.int(6)?,
+        metadata_at: row.int("metadata_at")?,
     }))
 }
 

@@ -82,11 +82,11 @@ pub(crate) async fn set_key(pool: &Pool, id: &str, stored: &str) -> Result<bool,
 async fn rows(pool: &Pool, q: Q) -> Result<Vec<CommunityRecord>, StoreError> {
     let mut out = Vec::new();
     for row in pool.all(q).await? {
-        let id = row.text(0)?;
+        let id = row.text("id")?;
         out.push(CommunityRecord {
             hosts: hosts_of(pool, &id).await?,
-            relay_url: row.text(1)?,
-            secret_key_hex: row.text(2)?,
+            relay_url: row.text("relay_url")?,
+            secret_key_hex: row.text("secret_key_hex")?,
             id,
         });
     }

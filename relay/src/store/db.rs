@@ -1,15 +1,17 @@
 //! One SQL interface over both backends, so that every storage rule is
 //! written once.
 //!
-//! Statements use `$1…$n` placeholders, which both SQLite and PostgreSQL
-//! accept; the few real differences (clock expression, locking, `SKIP
+//! Statements are built with [`Q`] (`sql.rs`); the few real differences
+//! between the backends (placeholders, clock expression, locking, `SKIP
 //! LOCKED`) are asked of [`Dialect`]. Rows come back as neutral [`Row`]s.
+
+use std::sync::Arc;
 
 use sqlx::postgres::{PgArguments, PgPool, PgRow};
 use sqlx::sqlite::{SqliteArguments, SqlitePool, SqliteRow};
 use sqlx::{Arguments, Database, Decode, Encode, Postgres, Sqlite, Transaction, Type, ValueRef};
 
-pub use super::sql::{Bind, Dialect};
+pub use super::sql::{Bind, Dialect, Q};
 use super::StoreError;
 
 /// A connection pool of either backend.
@@ -88,94 +90,144 @@ pub fn named<T>(s: &str, parse: fn(&str) -> Option<T>) -> Result<T, StoreError> 
     parse(s).ok_or_else(|| StoreError::Corrupt(format!("unknown stored name {s:?}")))
 }
 
-/// A neutral row.
+/// A neutral row: its values and the names of its columns (one list per
+/// result set, shared by its rows).
 #[derive(Debug, Clone)]
-pub struct Row(pub Vec<Val>);
+pub struct Row {
+    names: Names,
+    vals: Vec<Val>,
+}
+
+/// The column names of a result set.
+pub type Names = Arc<[Box<str>]>;
+
+/// A column of a [`Row`]: by name (how decoders read rows), or by
+/// position (single-column reads).
+pub trait Col: Copy + std::fmt::Display {
+    fn index(self, names: &[Box<str>]) -> Option<usize>;
+}
+
+impl Col for usize {
+    fn index(self, _names: &[Box<str>]) -> Option<usize> {
+        Some(self)
+    }
+}
+
+impl Col for &str {
+    fn index(self, names: &[Box<str>]) -> Option<usize> {
+        names.iter().position(|n| **n == *self)
+    }
+}
 
 impl Row {
-    fn col(&self, i: usize) -> Result<&Val, StoreError> {
-        self.0
-            .get(i)
-            .ok_or_else(|| StoreError::Corrupt(format!("missing column {i}")))
+    /// A row of `vals` under `names` (tests build rows without a database).
+    #[cfg(test)]
+    pub fn from_parts(names: &[&str], vals: Vec<Val>) -> Self {
+        Row {
+            names: names.iter().map(|n| Box::from(*n)).collect(),
+            vals,
+        }
     }
 
-    pub fn int(&self, i: usize) -> Result<i64, StoreError> {
-        self.opt_int(i)?
-            .ok_or_else(|| StoreError::Corrupt(format!("column {i} is null")))
+    fn col(&self, c: impl Col) -> Result<&Val, StoreError> {
+        c.index(&self.names)
+            .and_then(|i| self.vals.get(i))
+            .ok_or_else(|| StoreError::Corrupt(format!("missing column {c}")))
     }
 
-    pub fn opt_int(&self, i: usize) -> Result<Option<i64>, StoreError> {
-        match self.col(i)? {
+    /// The first value's length in bytes when it is text (a page's size).
+    fn first_text_len(&self) -> usize {
+        match self.vals.first() {
+            Some(Val::Text(t)) => t.len(),
+            _ => 0,
+        }
+    }
+
+    pub fn int(&self, c: impl Col) -> Result<i64, StoreError> {
+        self.opt_int(c)?
+            .ok_or_else(|| StoreError::Corrupt(format!("column {c} is null")))
+    }
+
+    pub fn opt_int(&self, c: impl Col) -> Result<Option<i64>, StoreError> {
+        match self.col(c)? {
             Val::Int(v) => Ok(Some(*v)),
             Val::Bool(b) => Ok(Some(i64::from(*b))),
             Val::Null => Ok(None),
             other => Err(StoreError::Corrupt(format!(
-                "column {i}: expected integer, got {other:?}"
+                "column {c}: expected integer, got {other:?}"
             ))),
         }
     }
 
-    /// The text of column `i`, moved out of the row (for the large ones).
-    pub fn take_text(&mut self, i: usize) -> Result<String, StoreError> {
-        match self.0.get_mut(i) {
+    /// The text of column `c`, moved out of the row (for the large ones).
+    pub fn take_text(&mut self, c: impl Col) -> Result<String, StoreError> {
+        let i = c.index(&self.names);
+        match i.and_then(|i| self.vals.get_mut(i)) {
             Some(Val::Text(v)) => Ok(std::mem::take(v)),
             Some(other) => Err(StoreError::Corrupt(format!(
-                "column {i}: expected text, got {other:?}"
+                "column {c}: expected text, got {other:?}"
             ))),
-            None => Err(StoreError::Corrupt(format!("missing column {i}"))),
+            None => Err(StoreError::Corrupt(format!("missing column {c}"))),
         }
     }
 
-    pub fn text(&self, i: usize) -> Result<String, StoreError> {
-        self.opt_text(i)?
-            .ok_or_else(|| StoreError::Corrupt(format!("column {i} is null")))
+    pub fn text(&self, c: impl Col) -> Result<String, StoreError> {
+        self.opt_text(c)?
+            .ok_or_else(|| StoreError::Corrupt(format!("column {c} is null")))
     }
 
-    pub fn opt_text(&self, i: usize) -> Result<Option<String>, StoreError> {
-        match self.col(i)? {
+    pub fn opt_text(&self, c: impl Col) -> Result<Option<String>, StoreError> {
+        match self.col(c)? {
             Val::Text(v) => Ok(Some(v.clone())),
             Val::Null => Ok(None),
             other => Err(StoreError::Corrupt(format!(
-                "column {i}: expected text, got {other:?}"
+                "column {c}: expected text, got {other:?}"
             ))),
         }
     }
 
-    pub fn blob(&self, i: usize) -> Result<Vec<u8>, StoreError> {
-        match self.col(i)? {
-            Val::Blob(v) => Ok(v.clone()),
+    pub fn blob(&self, c: impl Col) -> Result<Vec<u8>, StoreError> {
+        self.opt_blob(c)?
+            .ok_or_else(|| StoreError::Corrupt(format!("column {c} is null")))
+    }
+
+    pub fn opt_blob(&self, c: impl Col) -> Result<Option<Vec<u8>>, StoreError> {
+        match self.col(c)? {
+            Val::Blob(v) => Ok(Some(v.clone())),
+            Val::Null => Ok(None),
             other => Err(StoreError::Corrupt(format!(
-                "column {i}: expected bytes, got {other:?}"
+                "column {c}: expected bytes, got {other:?}"
             ))),
         }
     }
 
-    pub fn bool(&self, i: usize) -> Result<bool, StoreError> {
-        match self.col(i)? {
+    pub fn bool(&self, c: impl Col) -> Result<bool, StoreError> {
+        match self.col(c)? {
             Val::Bool(b) => Ok(*b),
             Val::Int(v) => Ok(*v != 0),
             other => Err(StoreError::Corrupt(format!(
-                "column {i}: expected boolean, got {other:?}"
+                "column {c}: expected boolean, got {other:?}"
             ))),
         }
     }
 
-    pub fn id32(&self, i: usize) -> Result<[u8; 32], StoreError> {
-        <[u8; 32]>::try_from(self.blob(i)?.as_slice())
-            .map_err(|_| StoreError::Corrupt(format!("column {i} is not 32 bytes")))
+    pub fn id32(&self, c: impl Col) -> Result<[u8; 32], StoreError> {
+        <[u8; 32]>::try_from(self.blob(c)?.as_slice())
+            .map_err(|_| StoreError::Corrupt(format!("column {c} is not 32 bytes")))
     }
 }
 
 /// Takes a page from a row stream (see [`Pool::query_page`]).
 async fn take_page<R>(
     mut stream: impl futures_util::Stream<Item = Result<R, sqlx::Error>> + Unpin,
-    convert: fn(&R) -> Result<Row, StoreError>,
+    convert: fn(&R, &mut Option<Names>) -> Result<Row, StoreError>,
     rows: usize,
     max_bytes: usize,
 ) -> Result<(Vec<Row>, bool), StoreError> {
     use futures_util::TryStreamExt;
     let mut out = Vec::new();
     let mut bytes = 0usize;
+    let mut names = None;
     loop {
         let Some(r) = stream.try_next().await? else {
             return Ok((out, true));
@@ -186,121 +238,13 @@ async fn take_page<R>(
             // exactly `rows` leaves its connection clean.)
             return Ok((out, false));
         }
-        let row = convert(&r)?;
-        let len = match row.0.first() {
-            Some(Val::Text(t)) => t.len(),
-            _ => 0,
-        };
+        let row = convert(&r, &mut names)?;
+        let len = row.first_text_len();
         if !out.is_empty() && bytes + len > max_bytes {
             return Ok((out, false));
         }
         bytes += len;
         out.push(row);
-    }
-}
-
-/// A statement and its binds.
-#[derive(Debug, Clone)]
-pub struct Q {
-    pub sql: String,
-    pub binds: Vec<Bind>,
-}
-
-impl Q {
-    pub fn new(sql: impl Into<String>) -> Self {
-        Self {
-            sql: sql.into(),
-            binds: Vec::new(),
-        }
-    }
-
-    /// Adds the next bind (`$n` in order).
-    pub fn bind(mut self, b: impl Into<Bind>) -> Self {
-        self.binds.push(b.into());
-        self
-    }
-
-    /// Appends the placeholder of the next bind and binds `b` (for
-    /// statements built piece by piece: every placeholder comes from
-    /// [`Dialect::push_placeholder`], never a written `$n`).
-    pub fn arg(mut self, d: Dialect, b: impl Into<Bind>) -> Self {
-        d.push_placeholder(&mut self.sql, self.binds.len() + 1);
-        self.bind(b)
-    }
-
-    /// Appends `(p, p, …)` binding `values` (at least one), as [`Q::arg`].
-    pub fn in_list<B: Into<Bind>>(mut self, d: Dialect, values: impl IntoIterator<Item = B>) -> Self {
-        self.sql.push('(');
-        for (k, v) in values.into_iter().enumerate() {
-            if k > 0 {
-                self.sql.push_str(", ");
-            }
-            self = self.arg(d, v);
-        }
-        self.sql.push(')');
-        self
-    }
-}
-
-impl From<i64> for Bind {
-    fn from(v: i64) -> Self {
-        Bind::Int(v)
-    }
-}
-impl From<Option<i64>> for Bind {
-    fn from(v: Option<i64>) -> Self {
-        Bind::OptInt(v)
-    }
-}
-impl From<bool> for Bind {
-    fn from(v: bool) -> Self {
-        Bind::Bool(v)
-    }
-}
-impl From<String> for Bind {
-    fn from(v: String) -> Self {
-        Bind::Text(v)
-    }
-}
-impl From<&str> for Bind {
-    fn from(v: &str) -> Self {
-        Bind::Text(v.to_string())
-    }
-}
-impl From<&String> for Bind {
-    fn from(v: &String) -> Self {
-        Bind::Text(v.clone())
-    }
-}
-impl From<Option<String>> for Bind {
-    fn from(v: Option<String>) -> Self {
-        Bind::OptText(v)
-    }
-}
-impl From<Option<Vec<u8>>> for Bind {
-    fn from(v: Option<Vec<u8>>) -> Self {
-        Bind::OptBlob(v)
-    }
-}
-impl From<Vec<String>> for Bind {
-    fn from(v: Vec<String>) -> Self {
-        Bind::TextArray(v)
-    }
-}
-
-impl From<Vec<u8>> for Bind {
-    fn from(v: Vec<u8>) -> Self {
-        Bind::Blob(v)
-    }
-}
-impl From<&[u8]> for Bind {
-    fn from(v: &[u8]) -> Self {
-        Bind::Blob(v.to_vec())
-    }
-}
-impl From<[u8; 32]> for Bind {
-    fn from(v: [u8; 32]) -> Self {
-        Bind::Blob(v.to_vec())
     }
 }
 
@@ -358,7 +302,9 @@ fn pg_args(binds: Vec<Bind>) -> Result<PgArguments, StoreError> {
     })
 }
 
-fn neutral<DB, R>(row: &R) -> Result<Row, StoreError>
+/// `row` as a neutral [`Row`]; `names`: its result set's column names,
+/// read from the first row and shared by the others.
+fn neutral<DB, R>(row: &R, names: &mut Option<Names>) -> Result<Row, StoreError>
 where
     DB: Database,
     R: sqlx::Row<Database = DB>,
@@ -394,15 +340,30 @@ where
         };
         out.push(v);
     }
-    Ok(Row(out))
+    let names = names
+        .get_or_insert_with(|| {
+            use sqlx::Column;
+            row.columns().iter().map(|c| Box::from(c.name())).collect()
+        })
+        .clone();
+    Ok(Row { names, vals: out })
 }
 
-fn sqlite_row(r: &SqliteRow) -> Result<Row, StoreError> {
-    neutral::<Sqlite, _>(r)
+fn sqlite_row(r: &SqliteRow, names: &mut Option<Names>) -> Result<Row, StoreError> {
+    neutral::<Sqlite, _>(r, names)
 }
 
-fn pg_row(r: &PgRow) -> Result<Row, StoreError> {
-    neutral::<Postgres, _>(r)
+fn pg_row(r: &PgRow, names: &mut Option<Names>) -> Result<Row, StoreError> {
+    neutral::<Postgres, _>(r, names)
+}
+
+/// A result set's rows, sharing one list of names.
+fn rows_of<R>(
+    rs: &[R],
+    convert: fn(&R, &mut Option<Names>) -> Result<Row, StoreError>,
+) -> Result<Vec<Row>, StoreError> {
+    let mut names = None;
+    rs.iter().map(|r| convert(r, &mut names)).collect()
 }
 
 macro_rules! dispatch {
@@ -434,12 +395,12 @@ macro_rules! conv_exec {
 }
 macro_rules! conv_opt {
     ($r:expr, $f:ident) => {
-        $r.as_ref().map($f).transpose()
+        $r.as_ref().map(|r| $f(r, &mut None)).transpose()
     };
 }
 macro_rules! conv_all {
     ($r:expr, $f:ident) => {
-        $r.iter().map($f).collect()
+        rows_of(&$r, $f)
     };
 }
 
@@ -663,14 +624,14 @@ impl Pool {
         let rows = sqlx::query_with(sqlx::AssertSqlSafe(q.sql), sqlite_args(q.binds)?)
             .fetch_all(p)
             .await?;
-        rows.iter().map(sqlite_row).collect()
+        rows_of(&rows, sqlite_row)
     }
 
     async fn pg_all(p: &PgPool, q: Q) -> Result<Vec<Row>, StoreError> {
         let rows = sqlx::query_with(sqlx::AssertSqlSafe(q.sql), pg_args(q.binds)?)
             .fetch_all(p)
             .await?;
-        rows.iter().map(pg_row).collect()
+        rows_of(&rows, pg_row)
     }
 
     /// A read of at most one row.

@@ -57,40 +57,40 @@ pub struct Delivery {
     pub updated_at: i64,
 }
 
-/// How many columns [`COLS`] names.
-const COLS_N: usize = 26;
-
 fn delivery(r: &Row) -> Result<Delivery, StoreError> {
+    let status = |c| -> Result<Option<Status>, StoreError> {
+        r.opt_text(c)?.map(|s| named(&s, Status::parse)).transpose()
+    };
     Ok(Delivery {
-        id: r.text(0)?,
-        workflow_id: r.text(1)?,
-        run_id: r.text(2)?,
-        step_id: r.text(3)?,
-        target: r.id32(4)?,
-        channel: r.text(5)?,
-        definition_event_id: r.id32(6)?,
-        message_event_id: r.id32(7)?,
-        status: named(&r.text(8)?, Status::parse)?,
-        attempt: r.int(9)?,
-        max_attempts: r.int(10)?,
-        claim_token: r.opt_text(11)?,
-        claim_expires_at: r.opt_int(12)?,
-        records_operations: r.bool(13)?,
-        next_attempt_at: r.int(14)?,
-        expires_at: r.int(15)?,
-        trigger_context: r.text(16)?,
-        execution_trace: r.text(17)?,
-        failure_code: r.opt_text(18)?,
-        failure_message: r.opt_text(19)?,
-        reply_event_id: match r.0.get(20) {
-            Some(super::db::Val::Blob(b)) => Some(b.clone()),
-            _ => None,
-        },
-        finished_token: r.opt_text(21)?,
-        finished_outcome: r.opt_text(22)?.map(|o| named(&o, Outcome::parse)).transpose()?,
-        finished_status: r.opt_text(23)?.map(|s| named(&s, Status::parse)).transpose()?,
-        created_at: r.int(24)?,
-        updated_at: r.int(25)?,
+        id: r.text("id")?,
+        workflow_id: r.text("workflow_id")?,
+        run_id: r.text("run_id")?,
+        step_id: r.text("step_id")?,
+        target: r.id32("target_pubkey")?,
+        channel: r.text("channel")?,
+        definition_event_id: r.id32("definition_event_id")?,
+        message_event_id: r.id32("message_event_id")?,
+        status: named(&r.text("status")?, Status::parse)?,
+        attempt: r.int("attempt")?,
+        max_attempts: r.int("max_attempts")?,
+        claim_token: r.opt_text("claim_token")?,
+        claim_expires_at: r.opt_int("claim_expires_at")?,
+        records_operations: r.bool("records_operations")?,
+        next_attempt_at: r.int("next_attempt_at")?,
+        expires_at: r.int("expires_at")?,
+        trigger_context: r.text("trigger_context")?,
+        execution_trace: r.text("execution_trace")?,
+        failure_code: r.opt_text("failure_code")?,
+        failure_message: r.opt_text("failure_message")?,
+        reply_event_id: r.opt_blob("reply_event_id")?,
+        finished_token: r.opt_text("finished_token")?,
+        finished_outcome: r
+            .opt_text("finished_outcome")?
+            .map(|o| named(&o, Outcome::parse))
+            .transpose()?,
+        finished_status: status("finished_status")?,
+        created_at: r.int("created_at")?,
+        updated_at: r.int("updated_at")?,
     })
 }
 
@@ -181,13 +181,13 @@ async fn load_with_membership(
     };
     let q = Q::new(format!(
         "SELECT {COLS}, EXISTS (SELECT 1 FROM channel_members m WHERE m.community_id = d.community_id \
-         AND m.channel_id = d.channel AND m.pubkey = d.target_pubkey) \
+         AND m.channel_id = d.channel AND m.pubkey = d.target_pubkey) AS member \
          FROM workflow_agent_deliveries d WHERE d.community_id = $1 AND d.id = $2{row_lock}"
     ))
     .bind(community)
     .bind(id);
     match tx.one(q).await? {
-        Some(row) => Ok(Some((delivery(&row)?, row.bool(COLS_N)?))),
+        Some(row) => Ok(Some((delivery(&row)?, row.bool("member")?))),
         None => Ok(None),
     }
 }
@@ -502,7 +502,7 @@ pub async fn operations(
         )
         .await?;
     rows.iter()
-        .map(|r| Ok((r.int(0)?, r.text(1)?, r.text(2)?)))
+        .map(|r| Ok((r.int("attempt")?, r.text("name")?, r.text("effect")?)))
         .collect()
 }
 
@@ -876,29 +876,23 @@ pub async fn list_own(
     before: Option<i64>,
     limit: u32,
 ) -> Result<Vec<Delivery>, StoreError> {
+    let d = tx.dialect();
     let mut q = Q::new(format!(
-        "SELECT {COLS} FROM workflow_agent_deliveries WHERE community_id = $1"
+        "SELECT {COLS} FROM workflow_agent_deliveries WHERE community_id = "
     ))
-    .bind(community);
+    .arg(d, community);
     if let Some(t) = target {
-        q.sql
-            .push_str(&format!(" AND target_pubkey = ${}", q.binds.len() + 1));
-        q = q.bind(t.to_bytes());
+        q = q.and(d, "target_pubkey =", t.to_bytes());
     }
     if let Some(s) = status {
-        q.sql.push_str(&format!(" AND status = ${}", q.binds.len() + 1));
-        q = q.bind(s.as_str());
+        q = q.and(d, "status =", s.as_str());
     }
     if let Some(b) = before {
-        q.sql
-            .push_str(&format!(" AND created_at < ${}", q.binds.len() + 1));
-        q = q.bind(b);
+        q = q.and(d, "created_at <", b);
     }
-    q.sql.push_str(&format!(
-        " ORDER BY created_at DESC, id DESC LIMIT ${}",
-        q.binds.len() + 1
-    ));
-    q = q.bind(i64::from(limit));
+    let q = q
+        .push_text(" ORDER BY created_at DESC, id DESC LIMIT ")
+        .arg(d, i64::from(limit));
     tx.all(q).await?.iter().map(delivery).collect()
 }
 
@@ -909,10 +903,41 @@ pub async fn show(tx: &mut Tx<'_>, community: &str, id: &str) -> Result<Option<D
 
 #[cfg(test)]
 mod tests {
-    use super::{COLS, COLS_N};
+    use super::super::db::{Row, Val};
+    use super::{delivery, Status, COLS};
+
+    /// A stored row's values, by column.
+    fn value(col: &str) -> Val {
+        match col {
+            "target_pubkey" | "definition_event_id" | "message_event_id" => Val::Blob(vec![7; 32]),
+            "status" => Val::Text("claimed".into()),
+            "attempt" | "max_attempts" | "next_attempt_at" | "expires_at" | "created_at" | "updated_at"
+            | "claim_expires_at" => Val::Int(col.len() as i64),
+            "records_operations" => Val::Bool(true),
+            "reply_event_id" | "finished_token" | "finished_outcome" | "finished_status" | "failure_code"
+            | "failure_message" => Val::Null,
+            other => Val::Text(format!("{other}-value")),
+        }
+    }
 
     #[test]
-    fn cols_n_counts_cols() {
-        assert_eq!(COLS.split(',').count(), COLS_N);
+    fn rows_are_decoded_by_name_in_any_column_order() {
+        let cols: Vec<&str> = COLS.split(',').map(str::trim).collect();
+        let in_order = Row::from_parts(&cols, cols.iter().map(|c| value(c)).collect());
+        let reversed: Vec<&str> = cols.iter().rev().copied().collect();
+        let backwards = Row::from_parts(&reversed, reversed.iter().map(|c| value(c)).collect());
+        let (a, b) = (
+            delivery(&in_order).expect("decodes"),
+            delivery(&backwards).expect("decodes"),
+        );
+        assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        assert_eq!(
+            (a.id.as_str(), a.status, a.attempt),
+            ("id-value", Status::Claimed, 7)
+        );
+        assert!(a.records_operations && a.finished_status.is_none());
+        // A column the select list lacks is an error, not another column's value.
+        let short = Row::from_parts(&cols[1..], cols[1..].iter().map(|c| value(c)).collect());
+        assert!(delivery(&short).is_err());
     }
 }

@@ -67,112 +67,147 @@ pub(crate) async fn insert(
     raw: &str,
     channel: Option<&str>,
 ) -> Result<Inserted, StoreError> {
-    let id = event.id.as_bytes().to_vec();
-    let pubkey = event.pubkey.to_bytes().to_vec();
-    let created_at = created_at_of(event);
-    let kind = i64::from(event.kind.as_u16());
-    let d_tag = replacement_key(event);
-
     // Every rule below is about one author's events: serialise per author.
     tx.lock(&author_lock_key(community, &event.pubkey)).await?;
     crate::faults::check_event(&event.content)?;
-
-    let address = d_tag.as_ref().map(|d| address_key(event.kind.as_u16(), d));
+    let d_tag = replacement_key(event);
     if d_tag.is_none() {
         // The usual case, in one statement: stored unless it already is
         // or its author deleted it; which of the two only when neither
         // insert happened.
         if let Some((seq, tagged)) = insert_unless_known(tx, community, event, raw, channel).await? {
-            return finish_insert(tx, community, event, &pubkey, created_at, seq, tagged).await;
+            return finish_insert(tx, community, event, seq, tagged).await;
         }
     }
+    if let Some(refused) = known_or_deleted(tx, community, event, d_tag.as_deref()).await? {
+        return Ok(Inserted::not_stored(refused));
+    }
+    if let Some(d) = &d_tag {
+        if let Some(refused) = replace_older(tx, community, event, d).await? {
+            return Ok(Inserted::not_stored(refused));
+        }
+    }
+    let seq = insert_row(tx, community, event, raw, d_tag, channel).await?;
+    finish_insert(tx, community, event, seq, false).await
+}
 
-    // Already stored? Deleted by its author (NIP-09: an event its author
-    // deleted stays deleted)? One round trip.
+/// Why the event is not stored, if it is already stored or its author
+/// deleted it (NIP-09: an event its author deleted stays deleted; by
+/// address, every version up to the deletion's time). One round trip.
+async fn known_or_deleted(
+    tx: &mut Tx<'_>,
+    community: &str,
+    event: &Event,
+    d_tag: Option<&str>,
+) -> Result<Option<InsertOutcome>, StoreError> {
+    let address = d_tag.map(|d| address_key(event.kind.as_u16(), d));
     let checks = Q::new(
-        "SELECT EXISTS (SELECT 1 FROM events WHERE community_id = $1 AND created_at = $2 AND id = $3), \
+        "SELECT EXISTS (SELECT 1 FROM events WHERE community_id = $1 AND created_at = $2 AND id = $3) AS stored, \
          EXISTS (SELECT 1 FROM deletions WHERE community_id = $1 AND pubkey = $4 \
-         AND (target = $5 OR (target = $6 AND deleted_until >= $2)))",
+         AND (target = $5 OR (target = $6 AND deleted_until >= $2))) AS deleted",
     )
     .bind(community)
-    .bind(created_at)
-    .bind(id.clone())
-    .bind(pubkey.clone())
+    .bind(created_at_of(event))
+    .bind(event.id.to_bytes())
+    .bind(event.pubkey.to_bytes())
     .bind(event.id.to_hex())
     .bind(address.unwrap_or_default());
     let row = tx
         .one(checks)
         .await?
         .ok_or_else(|| StoreError::Corrupt("no row from checks".into()))?;
-    if row.bool(0)? {
-        return Ok(Inserted::not_stored(InsertOutcome::Duplicate));
+    if row.bool("stored")? {
+        return Ok(Some(InsertOutcome::Duplicate));
     }
-    if row.bool(1)? {
+    if row.bool("deleted")? {
         let why = "blocked: this event was deleted by its author".into();
-        return Ok(Inserted::not_stored(InsertOutcome::Rejected(why)));
+        return Ok(Some(InsertOutcome::Rejected(why)));
     }
+    Ok(None)
+}
 
-    // Replaceable and addressable: keep only the newest (ties: lowest id).
-    if let Some(d) = &d_tag {
-        let versions = tx
-            .all(
-                Q::new(
-                    "SELECT id, created_at FROM events \
-                     WHERE community_id = $1 AND pubkey = $2 AND kind = $3 AND d_tag = $4 AND superseded = FALSE",
-                )
-                .bind(community)
-                .bind(pubkey.clone())
-                .bind(kind)
-                .bind(d.as_str()),
+/// Replaceable and addressable kinds keep only the newest version (ties:
+/// the lowest id): refuses `event` if a newer one is stored, else removes
+/// the older ones (a replaced workflow definition is kept, marked
+/// superseded: runs pin their revision and fetch it by id).
+async fn replace_older(
+    tx: &mut Tx<'_>,
+    community: &str,
+    event: &Event,
+    d_tag: &str,
+) -> Result<Option<InsertOutcome>, StoreError> {
+    let (id, created_at) = (event.id.to_bytes(), created_at_of(event));
+    let versions = tx
+        .all(
+            Q::new(
+                "SELECT id, created_at FROM events \
+                 WHERE community_id = $1 AND pubkey = $2 AND kind = $3 AND d_tag = $4 AND superseded = FALSE",
             )
-            .await?;
-        for v in &versions {
-            let (old_id, old_created) = (v.blob(0)?, v.int(1)?);
-            if old_created > created_at || (old_created == created_at && old_id < id) {
-                let why = "duplicate: a newer version of this replaceable event is stored".into();
-                return Ok(Inserted::not_stored(InsertOutcome::Rejected(why)));
-            }
-        }
-        // Replaced workflow definitions stay fetchable by id: runs pin them.
-        let sql = if event.kind.as_u16() == protocol::workflow::DEFINITION_KIND {
-            "UPDATE events SET superseded = TRUE WHERE community_id = $1 AND created_at = $2 AND id = $3"
-        } else {
-            "DELETE FROM events WHERE community_id = $1 AND created_at = $2 AND id = $3"
-        };
-        for v in versions {
-            tx.exec(Q::new(sql).bind(community).bind(v.int(1)?).bind(v.blob(0)?))
-                .await?;
+            .bind(community)
+            .bind(event.pubkey.to_bytes())
+            .bind(i64::from(event.kind.as_u16()))
+            .bind(d_tag),
+        )
+        .await?;
+    for v in &versions {
+        let (old_id, old_created) = (v.id32("id")?, v.int("created_at")?);
+        if old_created > created_at || (old_created == created_at && old_id < id) {
+            let why = "duplicate: a newer version of this replaceable event is stored".into();
+            return Ok(Some(InsertOutcome::Rejected(why)));
         }
     }
+    let sql = if event.kind.as_u16() == protocol::workflow::DEFINITION_KIND {
+        "UPDATE events SET superseded = TRUE WHERE community_id = $1 AND created_at = $2 AND id = $3"
+    } else {
+        "DELETE FROM events WHERE community_id = $1 AND created_at = $2 AND id = $3"
+    };
+    for v in versions {
+        let q = Q::new(sql)
+            .bind(community)
+            .bind(v.int("created_at")?)
+            .bind(v.id32("id")?);
+        tx.exec(q).await?;
+    }
+    Ok(None)
+}
 
+/// Inserts the event's row; its `events.seq` on SQLite (the tag index's
+/// key), `None` on PostgreSQL.
+async fn insert_row(
+    tx: &mut Tx<'_>,
+    community: &str,
+    event: &Event,
+    raw: &str,
+    d_tag: Option<String>,
+    channel: Option<&str>,
+) -> Result<Option<i64>, StoreError> {
     let mut insert = Q::new(
         "INSERT INTO events (community_id, created_at, id, pubkey, kind, d_tag, expires_at, channel, raw) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
     )
     .bind(community)
-    .bind(created_at)
-    .bind(id.clone())
-    .bind(pubkey.clone())
-    .bind(kind)
-    .bind(d_tag.clone())
+    .bind(created_at_of(event))
+    .bind(event.id.to_bytes())
+    .bind(event.pubkey.to_bytes())
+    .bind(i64::from(event.kind.as_u16()))
+    .bind(d_tag)
     .bind(expiration(event))
     .bind(channel.map(str::to_string))
     .bind(raw);
-    let seq = match tx.dialect() {
+    match tx.dialect() {
         Dialect::Sqlite => {
-            insert.sql.push_str(" RETURNING seq");
+            insert.push(" RETURNING seq");
             let row = tx
                 .one(insert)
                 .await?
                 .ok_or_else(|| StoreError::Corrupt("no seq returned by insert".into()))?;
-            Some(row.int(0)?)
+            Ok(Some(row.int("seq")?))
         }
         Dialect::Postgres => {
             tx.exec(insert).await?;
-            None
+            Ok(None)
         }
-    };
-    finish_insert(tx, community, event, &pubkey, created_at, seq, false).await
+    }
 }
 
 /// The event's tag rows (unless `tagged`: the insert wrote them) and, for
@@ -182,8 +217,6 @@ async fn finish_insert(
     tx: &mut Tx<'_>,
     community: &str,
     event: &Event,
-    pubkey: &[u8],
-    created_at: i64,
     seq: Option<i64>,
     tagged: bool,
 ) -> Result<Inserted, StoreError> {
@@ -195,7 +228,7 @@ async fn finish_insert(
 
     let mut deleted = Deleted::default();
     if event.kind.as_u16() == protocol::kinds::DELETION {
-        deleted = apply_deletion(tx, community, event, pubkey, created_at).await?;
+        deleted = apply_deletion(tx, community, event).await?;
     }
     Ok(Inserted {
         outcome: InsertOutcome::Stored,
@@ -281,13 +314,8 @@ const MAX_TAGS_WITH_EVENT: usize = 64;
 
 /// Deletes what a NIP-09 deletion names (its author's events only) and
 /// records it, so that the targets stay deleted; returns what it named.
-async fn apply_deletion(
-    tx: &mut Tx<'_>,
-    community: &str,
-    event: &Event,
-    pubkey: &[u8],
-    created_at: i64,
-) -> Result<Deleted, StoreError> {
+async fn apply_deletion(tx: &mut Tx<'_>, community: &str, event: &Event) -> Result<Deleted, StoreError> {
+    let (pubkey, created_at) = (event.pubkey.to_bytes(), created_at_of(event));
     let targets = deletion_targets(event);
     let mut deleted = Deleted::default();
     for target in targets.ids {

@@ -95,9 +95,9 @@ fn stored(rows: Vec<super::db::Row>) -> Result<Vec<StoredEvent>, StoreError> {
     rows.into_iter()
         .map(|mut r| {
             Ok(StoredEvent {
-                raw: r.take_text(0)?,
-                created_at: r.int(1)?,
-                id: r.id32(2)?,
+                raw: r.take_text("raw")?,
+                created_at: r.int("created_at")?,
+                id: r.id32("id")?,
             })
         })
         .collect()
@@ -291,11 +291,7 @@ impl Store for SqlStore {
                 end: true,
             });
         }
-        let s = sql::select_events(self.dialect(), community, filter, page.limit, page.after, scope);
-        let q = Q {
-            sql: s.text,
-            binds: s.binds,
-        };
+        let q = sql::select_events(self.dialect(), community, filter, page.limit, page.after, scope);
         let (rows, end) = self.pool.query_page(q, page.rows, page.max_bytes).await?;
         Ok(PageRows {
             events: stored(rows)?,
@@ -304,14 +300,8 @@ impl Store for SqlStore {
     }
 
     async fn count(&self, community: &str, filters: &[Filter], scope: &ReadScope) -> Result<u64, StoreError> {
-        let s = sql::count_events(self.dialect(), community, filters, scope);
-        let rows = self
-            .pool
-            .query_all(Q {
-                sql: s.text,
-                binds: s.binds,
-            })
-            .await?;
+        let q = sql::count_events(self.dialect(), community, filters, scope);
+        let rows = self.pool.query_all(q).await?;
         Ok(rows
             .first()
             .map(|r| r.int(0))

@@ -65,12 +65,12 @@ struct WorkflowRow {
 
 fn workflow_row(r: &Row) -> Result<WorkflowRow, StoreError> {
     Ok(WorkflowRow {
-        id: r.text(0)?,
-        channel: r.text(1)?,
-        owner: r.id32(2)?,
-        definition_event_id: r.id32(3)?,
-        enabled: r.bool(4)?,
-        deleted: r.bool(5)?,
+        id: r.text("id")?,
+        channel: r.text("channel")?,
+        owner: r.id32("owner")?,
+        definition_event_id: r.id32("definition_event_id")?,
+        enabled: r.bool("enabled")?,
+        deleted: r.bool("deleted")?,
     })
 }
 
@@ -553,18 +553,18 @@ async fn load_run(tx: &mut Tx<'_>, community: &str, run_id: &str) -> Result<Opti
     let json =
         |s: String| serde_json::from_str(&s).map_err(|e| StoreError::Corrupt(format!("run json: {e}")));
     Ok(Some(RunRow {
-        workflow_id: r.text(0)?,
-        definition_event_id: r.id32(1)?,
-        channel: r.text(2)?,
-        owner: PublicKey::from_slice(&r.blob(3)?).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+        workflow_id: r.text("workflow_id")?,
+        definition_event_id: r.id32("definition_event_id")?,
+        channel: r.text("channel")?,
+        owner: PublicKey::from_slice(&r.blob("owner")?).map_err(|e| StoreError::Corrupt(e.to_string()))?,
         cause: Cause {
-            kind: r.text(4)?,
-            id: r.text(5)?,
+            kind: r.text("cause_type")?,
+            id: r.text("cause_id")?,
         },
-        status: named(&r.text(6)?, RunStatus::parse)?,
-        current_step: r.int(7)?,
-        trigger_context: json(r.text(8)?)?,
-        trace: json(r.text(9)?)?,
+        status: named(&r.text("status")?, RunStatus::parse)?,
+        current_step: r.int("current_step")?,
+        trigger_context: json(r.text("trigger_context")?)?,
+        trace: json(r.text("trace")?)?,
     }))
 }
 
@@ -1043,7 +1043,7 @@ pub async fn fire_schedules(tx: &mut Tx<'_>, community: &str) -> Result<Vec<Stri
         .await?;
     let mut runs = Vec::new();
     for r in rows {
-        let (id, interval, enabled_at) = (r.text(0)?, r.int(1)?, r.int(2)?);
+        let (id, interval, enabled_at) = (r.text("id")?, r.int("interval_secs")?, r.int("enabled_at")?);
         if interval <= 0 {
             continue;
         }
@@ -1110,15 +1110,21 @@ pub async fn webhook_target(
     let row = tx
         .one(
             Q::new(
-                "SELECT webhook_secret_hash, trigger, enabled AND NOT deleted FROM workflows \
+                "SELECT webhook_secret_hash, trigger, enabled AND NOT deleted AS live FROM workflows \
                  WHERE community_id = $1 AND id = $2",
             )
             .bind(community)
             .bind(workflow_id),
         )
         .await?;
-    row.map(|r| Ok((r.opt_text(0)?, r.text(1)?, r.bool(2)?)))
-        .transpose()
+    row.map(|r| {
+        Ok((
+            r.opt_text("webhook_secret_hash")?,
+            r.text("trigger")?,
+            r.bool("live")?,
+        ))
+    })
+    .transpose()
 }
 
 /// The trigger type of a workflow.
@@ -1160,28 +1166,24 @@ pub async fn list_runs(
 ) -> Result<RunList, StoreError> {
     let mut q = Q::new(
         "SELECT id, workflow_id, status, current_step, cause_type, cause_id, error, created_at, updated_at, trace, \
-         definition_event_id, error_code FROM workflow_runs WHERE community_id = $1",
+         definition_event_id, error_code FROM workflow_runs WHERE community_id = ",
     )
-    .bind(community);
+    .arg(tx.dialect(), community);
+    let d = tx.dialect();
     if let Some(w) = workflow_id {
-        q.sql.push_str(" AND workflow_id = $2");
-        q = q.bind(w);
+        q = q.and(d, "workflow_id =", w);
     }
     if let Some(b) = before {
-        q.sql
-            .push_str(&format!(" AND created_at < ${}", q.binds.len() + 1));
-        q = q.bind(b);
+        q = q.and(d, "created_at <", b);
     }
-    q.sql.push_str(&format!(
-        " ORDER BY created_at DESC, id DESC LIMIT ${}",
-        q.binds.len() + 1
-    ));
-    q = q.bind(i64::from(limit));
+    let q = q
+        .push_text(" ORDER BY created_at DESC, id DESC LIMIT ")
+        .arg(d, i64::from(limit));
     let rows = tx.all(q).await?;
     let mut page = RunList::default();
     let mut bytes = 0usize;
     for r in &rows {
-        let trace = r.text(9)?;
+        let trace = r.text("trace")?;
         if !page.runs.is_empty() && bytes + trace.len() > MAX_RUNS_PAGE_BYTES {
             page.cut = true;
             break;
@@ -1194,26 +1196,21 @@ pub async fn list_runs(
 
 /// One run as listed.
 fn run_view(r: &Row, trace: &str) -> Result<RunView, StoreError> {
-    let name = |i: usize| -> Result<String, StoreError> { r.text(i) };
-    let status = name(2)?;
-    let cause = name(4)?;
     Ok(RunView {
-        id: name(0)?,
-        workflow_id: name(1)?,
-        status: RunStatus::parse(&status)
-            .ok_or_else(|| StoreError::Corrupt(format!("unknown run status {status:?}")))?,
-        current_step: r.int(3)?,
+        id: r.text("id")?,
+        workflow_id: r.text("workflow_id")?,
+        status: named(&r.text("status")?, RunStatus::parse)?,
+        current_step: r.int("current_step")?,
         cause: CauseView {
-            kind: CauseKind::parse(&cause)
-                .ok_or_else(|| StoreError::Corrupt(format!("unknown cause {cause:?}")))?,
-            id: name(5)?,
+            kind: named(&r.text("cause_type")?, CauseKind::parse)?,
+            id: r.text("cause_id")?,
         },
-        error: r.opt_text(6)?,
-        created_at: r.int(7)?,
-        updated_at: r.int(8)?,
+        error: r.opt_text("error")?,
+        created_at: r.int("created_at")?,
+        updated_at: r.int("updated_at")?,
         trace: serde_json::from_str::<Value>(trace).unwrap_or(Value::Null),
-        definition_event_id: hex::encode(r.blob(10)?),
-        error_code: r.opt_text(11)?,
+        definition_event_id: hex::encode(r.blob("definition_event_id")?),
+        error_code: r.opt_text("error_code")?,
         trigger_context: None,
         channel: None,
     })
@@ -1233,9 +1230,10 @@ pub async fn show_run(tx: &mut Tx<'_>, community: &str, run_id: &str) -> Result<
         )
         .await?;
     row.map(|r| {
-        let mut run = run_view(&r, &r.text(9)?)?;
-        run.trigger_context = Some(serde_json::from_str::<Value>(&r.text(12)?).unwrap_or(Value::Null));
-        run.channel = Some(r.text(13)?);
+        let mut run = run_view(&r, &r.text("trace")?)?;
+        let context = r.text("trigger_context")?;
+        run.trigger_context = Some(serde_json::from_str::<Value>(&context).unwrap_or(Value::Null));
+        run.channel = Some(r.text("channel")?);
         Ok(run)
     })
     .transpose()

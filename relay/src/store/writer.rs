@@ -343,7 +343,7 @@ async fn deleted_by_author(
     tx.all(q)
         .await?
         .iter()
-        .map(|row| Ok((row.blob(0)?, row.text(1)?)))
+        .map(|row| Ok((row.blob("pubkey")?, row.text("target")?)))
         .collect()
 }
 
@@ -412,7 +412,7 @@ async fn insert_rows(
             tx.all(q)
                 .await?
                 .iter()
-                .map(|row| Ok((row.id32(0)?, row.int(1)?)))
+                .map(|row| Ok((row.id32("id")?, row.int("seq")?)))
                 .collect()
         }
         Dialect::Postgres => {
