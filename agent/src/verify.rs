@@ -277,7 +277,7 @@ mod tests {
             .finalize(&owner)
             .unwrap();
         let cause = Cause {
-            kind: "event".into(),
+            kind: protocol::api::CauseKind::Event,
             id: "ab".repeat(32),
         };
         let tags = workflow::message_tags(&MessageBinding {

@@ -5,6 +5,7 @@
 use nostr::prelude::{Event, PublicKey, Tag};
 use serde::{Deserialize, Serialize};
 
+use crate::api::CauseKind;
 use crate::template::{Template, TemplateError};
 
 /// Kind of a workflow definition.
@@ -247,7 +248,7 @@ pub fn check(d: &Definition) -> Result<Vec<Template>, DefinitionError> {
 pub struct Cause {
     /// `event`, `webhook`, `schedule` or `manual`.
     #[serde(rename = "type")]
-    pub kind: String,
+    pub kind: CauseKind,
     /// Trigger event id, webhook request id, schedule slot, or manual request id.
     pub id: String,
 }

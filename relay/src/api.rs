@@ -303,7 +303,7 @@ async fn manual_run(State(state): State<Arc<AppState>>, Path(id): Path<String>, 
     }
     // The auth event is single use, so its id names this request exactly once.
     let cause = protocol::workflow::Cause {
-        kind: "manual".into(),
+        kind: protocol::api::CauseKind::Manual,
         id: auth.event_id.clone(),
     };
     let ctx = json!({"author": auth.pubkey.to_hex(), "body": input});
@@ -436,7 +436,7 @@ async fn webhook(
         None => crate::store::workflows::new_id(),
     };
     let cause = protocol::workflow::Cause {
-        kind: "webhook".into(),
+        kind: protocol::api::CauseKind::Webhook,
         id: request_id,
     };
     let r = state

@@ -514,7 +514,7 @@ pub async fn on_message(
             continue;
         }
         let cause = Cause {
-            kind: "event".into(),
+            kind: CauseKind::Event,
             id: event.id.to_hex(),
         };
         let ctx =
@@ -558,7 +558,7 @@ async fn load_run(tx: &mut Tx<'_>, community: &str, run_id: &str) -> Result<Opti
         channel: r.text("channel")?,
         owner: PublicKey::from_slice(&r.blob("owner")?).map_err(|e| StoreError::Corrupt(e.to_string()))?,
         cause: Cause {
-            kind: r.text("cause_type")?,
+            kind: named(&r.text("cause_type")?, CauseKind::parse)?,
             id: r.text("cause_id")?,
         },
         status: named(&r.text("status")?, RunStatus::parse)?,
@@ -632,7 +632,8 @@ fn sign_message(
         Err(e) => return Ok(Signed::Refused(too_large(format!("at least {}", e.at_least)))),
     };
     let recipients = workflow::recipients(&b.run.owner, template);
-    let reply_to = (b.reply_in_thread && b.run.cause.kind == "event").then_some(b.run.cause.id.as_str());
+    let reply_to =
+        (b.reply_in_thread && b.run.cause.kind == CauseKind::Event).then_some(b.run.cause.id.as_str());
     let tags = workflow::message_tags(&MessageBinding {
         channel: &b.run.channel,
         definition_event_id: b.definition_hex,
@@ -1053,7 +1054,7 @@ pub async fn fire_schedules(tx: &mut Tx<'_>, community: &str) -> Result<Vec<Stri
             continue;
         }
         let cause = Cause {
-            kind: "schedule".into(),
+            kind: CauseKind::Schedule,
             id: slot.to_string(),
         };
         if let Some((run, true)) =
