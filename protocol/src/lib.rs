@@ -11,6 +11,7 @@ pub mod message;
 pub mod nip29;
 pub mod nip98;
 pub mod nip_oa;
+pub mod schedule;
 pub mod template;
 pub mod workflow;
 
