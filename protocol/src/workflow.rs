@@ -47,8 +47,15 @@ pub enum Trigger {
         filter: MessageFilter,
     },
     Webhook,
+    /// Every `interval_secs`, or at each slot of `cron` (five fields) in
+    /// `timezone` (IANA, default UTC): exactly one of the two.
     Schedule {
-        interval_secs: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        interval_secs: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cron: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        timezone: Option<String>,
     },
     Manual,
 }
@@ -141,6 +148,10 @@ pub enum DefinitionError {
     Template { step: String, error: TemplateError },
     #[error("schedule interval_secs must be between {MIN_INTERVAL_SECS} and {MAX_INTERVAL_SECS}")]
     BadInterval,
+    #[error("a schedule needs interval_secs or cron (not both); timezone goes with cron")]
+    ScheduleShape,
+    #[error("schedule: {0}")]
+    Schedule(#[from] crate::schedule::ScheduleError),
     #[error("filter.authors must be 64-character hex pubkeys")]
     BadAuthors,
     #[error("filter.text_contains must not be empty")]
@@ -203,11 +214,21 @@ pub fn check(d: &Definition) -> Result<Vec<Template>, DefinitionError> {
         return Err(DefinitionError::StepCount);
     }
     match &d.trigger {
-        Trigger::Schedule { interval_secs }
-            if !(MIN_INTERVAL_SECS..=MAX_INTERVAL_SECS).contains(interval_secs) =>
-        {
-            return Err(DefinitionError::BadInterval)
-        }
+        Trigger::Schedule {
+            interval_secs,
+            cron,
+            timezone,
+        } => match (interval_secs, cron) {
+            (Some(secs), None) if timezone.is_none() => {
+                if !(MIN_INTERVAL_SECS..=MAX_INTERVAL_SECS).contains(secs) {
+                    return Err(DefinitionError::BadInterval);
+                }
+            }
+            (None, Some(expr)) => {
+                crate::schedule::Cron::parse(expr, timezone.as_deref())?;
+            }
+            _ => return Err(DefinitionError::ScheduleShape),
+        },
         Trigger::MessagePosted { filter } => {
             if filter.text_contains.as_deref() == Some("") {
                 return Err(DefinitionError::EmptyTextFilter);
@@ -364,6 +385,8 @@ mod tests {
             json!({"on": "webhook"}),
             json!({"on": "manual"}),
             json!({"on": "schedule", "interval_secs": 60}),
+            json!({"on": "schedule", "cron": "0 9 * * mon-fri", "timezone": "Europe/Berlin"}),
+            json!({"on": "schedule", "cron": "*/5 * * * *"}),
         ] {
             let mut d = good();
             d["trigger"] = trig;
@@ -390,6 +413,25 @@ mod tests {
         assert!(matches!(
             bad(&|d| d["trigger"] = json!({"on": "schedule", "interval_secs": 59})),
             DefinitionError::BadInterval
+        ));
+        for shape in [
+            json!({"on": "schedule"}),
+            json!({"on": "schedule", "interval_secs": 60, "cron": "* * * * *"}),
+            json!({"on": "schedule", "interval_secs": 60, "timezone": "UTC"}),
+        ] {
+            assert!(matches!(
+                bad(&|d| d["trigger"] = shape.clone()),
+                DefinitionError::ScheduleShape
+            ));
+        }
+        assert!(matches!(
+            bad(&|d| d["trigger"] =
+                json!({"on": "schedule", "cron": "0 9 * * *", "timezone": "Mars/Olympus"})),
+            DefinitionError::Schedule(crate::schedule::ScheduleError::BadZone(_))
+        ));
+        assert!(matches!(
+            bad(&|d| d["trigger"] = json!({"on": "schedule", "cron": "0 0 9 * * *"})),
+            DefinitionError::Schedule(crate::schedule::ScheduleError::BadCron(_))
         ));
         assert!(matches!(
             bad(&|d| d["trigger"] = json!({"on": "telepathy"})),

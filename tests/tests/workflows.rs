@@ -1335,21 +1335,50 @@ async fn manual_runs_schedules_and_run_listing(backend: Backend) {
         "steps": [{"id": "a", "action": "send_message", "text": "tick"}]}),
     )
     .await;
-    // It fires from the first full slot after it was enabled: wait for the next minute at most.
-    let run = eventually_long(|| async {
-        relay
-            .cli(&["runs", "list", "--workflow", "tick"])
-            .lines()
-            .next()
-            .map(str::to_string)
-    })
+    // A cron schedule in a zone: every minute, Berlin time (its slots are
+    // whole minutes whatever the zone's offset).
+    fx.define(
+        "cron",
+        &json!({"name": "cron", "trigger": {"on": "schedule", "cron": "* * * * *", "timezone": "Europe/Berlin"},
+        "steps": [{"id": "a", "action": "send_message", "text": "cron"}]}),
+    )
     .await;
-    let run: Value = serde_json::from_str(&run).unwrap();
-    assert_eq!(run["cause"]["type"], "schedule");
+    // Both fire from the first full slot after they were enabled: wait for the next minute at most.
+    for workflow in ["tick", "cron"] {
+        let run = eventually_long(|| async {
+            relay
+                .cli(&["runs", "list", "--workflow", workflow])
+                .lines()
+                .next()
+                .map(str::to_string)
+        })
+        .await;
+        let run: Value = serde_json::from_str(&run).unwrap();
+        assert_eq!(run["cause"]["type"], "schedule", "{workflow}");
+        let slot: i64 = run["cause"]["id"].as_str().unwrap().parse().unwrap();
+        assert_eq!(slot % 60, 0, "{workflow}: a slot is a whole minute");
+    }
     tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(
-        relay.cli(&["runs", "list", "--workflow", "tick"]).lines().count(),
-        1
+    for workflow in ["tick", "cron"] {
+        let runs = relay.cli(&["runs", "list", "--workflow", workflow]);
+        // One run per slot: at most the minute that fired and, if the
+        // clock crossed another minute meanwhile, that one.
+        let slots: Vec<String> = runs
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap()["cause"]["id"].to_string())
+            .collect();
+        let mut unique = slots.clone();
+        unique.dedup();
+        assert_eq!(slots, unique, "{workflow}: a slot fired twice");
+    }
+    // A cron expression or zone that does not parse is refused at publish.
+    let def = json!({"name": "b", "trigger": {"on": "schedule", "cron": "0 9 * * *", "timezone": "Mars/Olympus"},
+    "steps": [{"id": "a", "action": "send_message", "text": "x"}]});
+    let ev = tests::workflow::definition(&fx.owner, "badcron", &fx.channel, &def);
+    let (ok, msg) = fx.owner_client.publish(&ev).await;
+    assert!(
+        !ok && msg.starts_with("invalid:") && msg.contains("Mars/Olympus"),
+        "{msg}"
     );
 }
 

@@ -126,12 +126,18 @@ pub async fn upsert_definition(
 ) -> Result<Upsert, StoreError> {
     let now = tx.now().await?;
     let existing = load_workflow(tx, community, &v.workflow_id).await?;
-    let (interval, trigger) = match &v.definition.trigger {
-        Trigger::Schedule { interval_secs } => (
-            Some(i64::try_from(*interval_secs).unwrap_or(i64::MAX)),
-            "schedule",
+    let trigger = v.definition.trigger.name();
+    let (interval, cron, timezone) = match &v.definition.trigger {
+        Trigger::Schedule {
+            interval_secs,
+            cron,
+            timezone,
+        } => (
+            interval_secs.map(|s| i64::try_from(s).unwrap_or(i64::MAX)),
+            cron.clone(),
+            timezone.clone(),
         ),
-        t => (None, t.name()),
+        _ => (None, None, None),
     };
     match existing {
         Some(w) if w.owner != event.pubkey.to_bytes() => {
@@ -151,6 +157,7 @@ pub async fn upsert_definition(
             tx.exec(
                 Q::new(
                     "UPDATE workflows SET definition_event_id = $3, trigger = $4, interval_secs = $5, enabled = $6, \
+                     cron = $9, timezone = $10, \
                      deleted = FALSE, updated_at = $7, enabled_at = CASE WHEN $8 THEN enabled_at ELSE $7 END \
                      WHERE community_id = $1 AND id = $2",
                 )
@@ -161,7 +168,9 @@ pub async fn upsert_definition(
                 .bind(interval)
                 .bind(v.definition.enabled)
                 .bind(now)
-                .bind(was_live),
+                .bind(was_live)
+                .bind(cron.clone())
+                .bind(timezone.clone()),
             )
             .await?;
             if !v.definition.enabled {
@@ -172,7 +181,8 @@ pub async fn upsert_definition(
             tx.exec(
                 Q::new(
                     "INSERT INTO workflows (community_id, id, channel, owner, definition_event_id, trigger, \
-                     interval_secs, enabled, enabled_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)",
+                     interval_secs, enabled, enabled_at, updated_at, cron, timezone) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $10, $11)",
                 )
                 .bind(community)
                 .bind(v.workflow_id.as_str())
@@ -182,7 +192,9 @@ pub async fn upsert_definition(
                 .bind(trigger)
                 .bind(interval)
                 .bind(v.definition.enabled)
-                .bind(now),
+                .bind(now)
+                .bind(cron)
+                .bind(timezone),
             )
             .await?;
         }
@@ -1036,7 +1048,7 @@ pub async fn fire_schedules(tx: &mut Tx<'_>, community: &str) -> Result<Vec<Stri
     let rows = tx
         .all(
             Q::new(
-                "SELECT id, interval_secs, enabled_at FROM workflows WHERE community_id = $1 \
+                "SELECT id, interval_secs, cron, timezone, enabled_at FROM workflows WHERE community_id = $1 \
                  AND trigger = 'schedule' AND enabled AND NOT deleted",
             )
             .bind(community),
@@ -1044,15 +1056,16 @@ pub async fn fire_schedules(tx: &mut Tx<'_>, community: &str) -> Result<Vec<Stri
         .await?;
     let mut runs = Vec::new();
     for r in rows {
-        let (id, interval, enabled_at) = (r.text("id")?, r.int("interval_secs")?, r.int("enabled_at")?);
-        if interval <= 0 {
-            continue;
-        }
-        let slot = now - now.rem_euclid(interval);
+        let (id, enabled_at) = (r.text("id")?, r.int("enabled_at")?);
+        let schedule = (
+            r.opt_int("interval_secs")?,
+            r.opt_text("cron")?,
+            r.opt_text("timezone")?,
+        );
         // A schedule fires from its first full slot after it was enabled.
-        if slot < enabled_at {
+        let Some(slot) = slot_due(schedule, enabled_at, now) else {
             continue;
-        }
+        };
         let cause = Cause {
             kind: CauseKind::Schedule,
             id: slot.to_string(),
@@ -1064,6 +1077,29 @@ pub async fn fire_schedules(tx: &mut Tx<'_>, community: &str) -> Result<Vec<Stri
         }
     }
     Ok(runs)
+}
+
+/// The slot a schedule fires at `now` (unix seconds), if any: every
+/// `interval` seconds, or the latest slot of `cron` in `timezone`; never
+/// one before `enabled_at`. Each slot fires once because its run is
+/// unique per (workflow, slot) across processes; after downtime only the
+/// latest missed one is asked for.
+fn slot_due(
+    (interval, cron, timezone): (Option<i64>, Option<String>, Option<String>),
+    enabled_at: i64,
+    now: i64,
+) -> Option<i64> {
+    let slot = match (interval, cron) {
+        (Some(interval), _) if interval > 0 => now - now.rem_euclid(interval),
+        (_, Some(expr)) => {
+            // Checked at publish; a stored expression that no longer
+            // parses (a newer parser) fires nothing rather than failing the pass.
+            let cron = protocol::schedule::Cron::parse(&expr, timezone.as_deref()).ok()?;
+            cron.due(enabled_at - 1, now)?
+        }
+        _ => return None,
+    };
+    (slot >= enabled_at).then_some(slot)
 }
 
 /// Whether `caller` owns the workflow, and with `member`, is also a member
