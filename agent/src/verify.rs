@@ -5,7 +5,7 @@
 
 use nostr::prelude::{Event, PublicKey};
 use protocol::template::{self, Template};
-use protocol::workflow::{self, Step};
+use protocol::workflow;
 
 use crate::api::Delivery;
 
@@ -232,7 +232,14 @@ pub fn verify(
             format!("step {} is not in the definition", d.step_id),
         );
     };
-    let Step::SendMessage { text, .. } = step;
+    // Only steps that post a message make deliveries; `ask_agent` messages
+    // are checked exactly as `send_message` ones.
+    let Some((text, _)) = step.message() else {
+        return fail(
+            "step_not_a_message",
+            format!("step {} does not post a message", d.step_id),
+        );
+    };
     let Ok(tpl) = Template::parse(text) else {
         return fail("definition_unverifiable", "the step's template does not parse");
     };
@@ -267,11 +274,15 @@ mod tests {
     }
 
     fn world() -> World {
+        world_with(json!({"id": "s", "action": "send_message", "text": "hi {{trigger.text}}"}))
+    }
+
+    /// A world whose definition's one step is `step` (id `s`).
+    fn world_with(step: serde_json::Value) -> World {
         let relay = Keys::generate();
         let owner = Keys::generate();
         let agent = Keys::generate();
-        let content = json!({"name": "w", "trigger": {"on": "message_posted"},
-            "steps": [{"id": "s", "action": "send_message", "text": "hi {{trigger.text}}"}]});
+        let content = json!({"name": "w", "trigger": {"on": "message_posted"}, "steps": [step]});
         let def = EventBuilder::new(Kind::from_u16(30620), content.to_string())
             .tags([Tag::identifier("w"), Tag::custom("h", ["ops"])])
             .finalize(&owner)
@@ -338,6 +349,26 @@ mod tests {
         let w = world();
         let v = verify(&w.d, None, Some(&w.def), Some(&w.msg), &trust(&w)).unwrap();
         assert_eq!(v.text, "hi there");
+    }
+
+    #[test]
+    fn ask_agent_messages_are_checked_like_send_message() {
+        let w = world_with(
+            json!({"id": "s", "action": "ask_agent", "text": "hi {{trigger.text}}", "wait": "any"}),
+        );
+        let v = verify(&w.d, None, Some(&w.def), Some(&w.msg), &trust(&w)).unwrap();
+        assert_eq!(v.text, "hi there");
+        let mut d = w.d.clone();
+        d.trigger_context["text"] = json!("edited");
+        assert_eq!(
+            code(verify(&d, None, Some(&w.def), Some(&w.msg), &trust(&w))),
+            "render_mismatch"
+        );
+        let w = world_with(json!({"id": "s", "action": "delay", "secs": 5}));
+        assert_eq!(
+            code(verify(&w.d, None, Some(&w.def), Some(&w.msg), &trust(&w))),
+            "step_not_a_message"
+        );
     }
 
     #[test]

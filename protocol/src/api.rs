@@ -42,9 +42,27 @@ pub enum Effect {
 #[serde(rename_all = "lowercase")]
 pub enum RunStatus {
     Running,
+    /// Its current step waits: for deliveries' replies, or a timer.
+    Waiting,
     Completed,
     Failed,
     Cancelled,
+}
+
+/// Where a run's step is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StepStatus {
+    /// Not reached yet.
+    Pending,
+    /// The run is at it and it has not begun waiting.
+    Running,
+    /// It waits for replies or a timer.
+    Waiting,
+    Done,
+    /// Its condition was false (output `{"skipped": true}`).
+    Skipped,
+    Failed,
 }
 
 /// What started a run.
@@ -101,9 +119,18 @@ names!(Outcome { Delivered => "delivered", Retry => "retry", Failed => "failed" 
 names!(Effect { Read => "read", Write => "write" });
 names!(RunStatus {
     Running => "running",
+    Waiting => "waiting",
     Completed => "completed",
     Failed => "failed",
     Cancelled => "cancelled",
+});
+names!(StepStatus {
+    Pending => "pending",
+    Running => "running",
+    Waiting => "waiting",
+    Done => "done",
+    Skipped => "skipped",
+    Failed => "failed",
 });
 names!(CauseKind {
     Event => "event",
@@ -284,20 +311,46 @@ pub struct CauseView {
     pub id: String,
 }
 
-/// A run as listed.
+/// Why a run or a step did not succeed: a stable code, a text, and (for a
+/// run) the step it failed at.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunError {
+    pub code: String,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+}
+
+/// One step of a run: where it is, when it ran, what it gave.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepView {
+    pub id: String,
+    /// `send_message`, `ask_agent`, `delay`.
+    pub action: String,
+    pub status: StepStatus,
+    pub started_at: Option<i64>,
+    pub finished_at: Option<i64>,
+    pub output: Option<Value>,
+    pub error: Option<RunError>,
+}
+
+/// A run as listed (`GET /workflows/<id>/runs`) and shown (`GET /runs/<id>`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunView {
     pub id: String,
     pub workflow_id: String,
     pub status: RunStatus,
+    /// Index of the step the run is at (the number of steps when it completed).
     pub current_step: i64,
     pub cause: CauseView,
-    pub error: Option<String>,
-    pub error_code: Option<String>,
+    pub error: Option<RunError>,
     pub created_at: i64,
     pub updated_at: i64,
-    /// `[{"step", "output"}]` of the steps done.
-    pub trace: Value,
+    /// When a waiting run is looked at again (its timer or timeout).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wake_at: Option<i64>,
+    /// Every step of the definition, in order.
+    pub steps: Vec<StepView>,
     pub definition_event_id: String,
     /// Only when one run is shown: its private trigger context.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -340,6 +393,9 @@ mod tests {
         for r in RunStatus::ALL {
             assert_eq!(serde_json::to_value(r).unwrap(), json!(r.as_str()));
         }
+        for s in StepStatus::ALL {
+            assert_eq!(serde_json::to_value(s).unwrap(), json!(s.as_str()));
+        }
         for c in CauseKind::ALL {
             assert_eq!(serde_json::to_value(c).unwrap(), json!(c.as_str()));
         }
@@ -364,8 +420,11 @@ mod tests {
             json!({"claim_token": "t", "outcome": "retry"})
         );
         let run = json!({"id": "r", "workflow_id": "w", "status": "failed", "current_step": 1,
-            "cause": {"type": "webhook", "id": "k"}, "error": "x", "error_code": "message_too_large",
-            "created_at": 1, "updated_at": 2, "trace": [], "definition_event_id": "d"});
+            "cause": {"type": "webhook", "id": "k"},
+            "error": {"code": "message_too_large", "message": "x", "step": "a"},
+            "created_at": 1, "updated_at": 2, "definition_event_id": "d",
+            "steps": [{"id": "a", "action": "send_message", "status": "failed", "started_at": 1,
+                       "finished_at": 2, "output": null, "error": {"code": "message_too_large", "message": "x"}}]});
         let parsed: RunView = serde_json::from_value(run.clone()).unwrap();
         assert_eq!(parsed.cause.kind, CauseKind::Webhook);
         assert_eq!(serde_json::to_value(&parsed).unwrap(), run);

@@ -5,6 +5,7 @@
 //! definition of every rule (and lets fuzzers drive it directly).
 
 pub mod api;
+pub mod condition;
 pub mod host;
 pub mod kinds;
 pub mod message;

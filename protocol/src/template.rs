@@ -34,6 +34,8 @@ pub enum TemplateError {
     Empty(usize),
     #[error("more than {MAX_PLACEHOLDERS} placeholders")]
     TooManyPlaceholders,
+    #[error("{{{{{path}}}}} names step {step}, which is not an earlier step")]
+    NotEarlier { path: String, step: String },
     #[error("unknown placeholder {{{{{0}}}}}: use trigger.text, trigger.author, trigger.event_id, trigger.channel, trigger.body.<field> or steps.<id>.output.<field>")]
     Unknown(String),
 }
@@ -106,6 +108,15 @@ impl Template {
     /// step ids a `steps.<id>` reference may name.
     pub fn check(&self, earlier_steps: &[&str]) -> Result<(), TemplateError> {
         for v in self.variables() {
+            if v.first().is_some_and(|r| r == "steps")
+                && v.len() >= 2
+                && !earlier_steps.contains(&v[1].as_str())
+            {
+                return Err(TemplateError::NotEarlier {
+                    path: v.join("."),
+                    step: v[1].clone(),
+                });
+            }
             let ok = match v.first().map(String::as_str) {
                 Some("trigger") => match v.get(1).map(String::as_str) {
                     Some("text" | "author" | "event_id" | "channel") => v.len() == 2,

@@ -4,8 +4,10 @@
 
 use nostr::prelude::{Event, PublicKey, Tag};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::api::CauseKind;
+use crate::condition::{Condition, StepShape, Ty};
 use crate::template::{Template, TemplateError};
 
 /// Kind of a workflow definition.
@@ -109,22 +111,144 @@ impl MessageFilter {
     }
 }
 
-/// One step.
+/// Shortest and longest wait of an `ask_agent` step, and its default.
+pub const ASK_TIMEOUT_SECS: std::ops::RangeInclusive<u64> = 60..=604_800;
+pub const DEFAULT_ASK_TIMEOUT_SECS: u64 = 3600;
+/// Shortest and longest `delay`.
+pub const DELAY_SECS: std::ops::RangeInclusive<u64> = 1..=2_592_000;
+
+/// One step. Every step may carry `"if"`, a condition (CEL) that skips it
+/// when false.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Step {
+    /// Posts the rendered text; managed-agent recipients get deliveries.
     SendMessage {
         id: String,
         text: String,
         #[serde(default)]
         reply_in_thread: bool,
+        #[serde(rename = "if", default, skip_serializing_if = "Option::is_none")]
+        condition: Option<String>,
     },
+    /// As `send_message`, then the run waits for the deliveries' replies.
+    AskAgent {
+        id: String,
+        text: String,
+        #[serde(default)]
+        reply_in_thread: bool,
+        #[serde(default)]
+        wait: Wait,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        timeout_secs: Option<u64>,
+        #[serde(default)]
+        on_failure: OnFailure,
+        #[serde(rename = "if", default, skip_serializing_if = "Option::is_none")]
+        condition: Option<String>,
+    },
+    /// The run waits `secs`, durably.
+    Delay {
+        id: String,
+        secs: u64,
+        #[serde(rename = "if", default, skip_serializing_if = "Option::is_none")]
+        condition: Option<String>,
+    },
+}
+
+/// Which replies an `ask_agent` step waits for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Wait {
+    /// Every delivery ends.
+    #[default]
+    All,
+    /// One delivery is delivered (the others are then cancelled).
+    Any,
+}
+
+/// What a step that did not succeed does to its run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnFailure {
+    /// The run fails.
+    #[default]
+    Fail,
+    /// The run goes on; the step's output says what happened.
+    Continue,
+}
+
+/// The wire name of a step's action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    SendMessage,
+    AskAgent,
+    Delay,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::SendMessage => "send_message",
+            Action::AskAgent => "ask_agent",
+            Action::Delay => "delay",
+        }
+    }
+
+    /// The fields of this action's output, for conditions.
+    pub fn output_fields(self) -> &'static [(&'static str, Ty)] {
+        match self {
+            Action::SendMessage => &[("event_id", Ty::String), ("text", Ty::String)],
+            Action::AskAgent => &[
+                ("event_id", Ty::String),
+                ("status", Ty::String),
+                ("reply", Ty::String),
+                ("replies", Ty::List),
+            ],
+            Action::Delay => &[("until", Ty::Int)],
+        }
+    }
 }
 
 impl Step {
     pub fn id(&self) -> &str {
         match self {
-            Step::SendMessage { id, .. } => id,
+            Step::SendMessage { id, .. } | Step::AskAgent { id, .. } | Step::Delay { id, .. } => id,
+        }
+    }
+
+    pub fn action(&self) -> Action {
+        match self {
+            Step::SendMessage { .. } => Action::SendMessage,
+            Step::AskAgent { .. } => Action::AskAgent,
+            Step::Delay { .. } => Action::Delay,
+        }
+    }
+
+    /// The step's condition, if it has one.
+    pub fn condition(&self) -> Option<&str> {
+        match self {
+            Step::SendMessage { condition, .. }
+            | Step::AskAgent { condition, .. }
+            | Step::Delay { condition, .. } => condition.as_deref(),
+        }
+    }
+
+    /// The message template of a step that posts one (`send_message`,
+    /// `ask_agent`), with whether it replies in thread.
+    pub fn message(&self) -> Option<(&str, bool)> {
+        match self {
+            Step::SendMessage {
+                text,
+                reply_in_thread,
+                ..
+            }
+            | Step::AskAgent {
+                text,
+                reply_in_thread,
+                ..
+            } => Some((text, *reply_in_thread)),
+            Step::Delay { .. } => None,
         }
     }
 }
@@ -144,8 +268,16 @@ pub enum DefinitionError {
     StepCount,
     #[error("step id {0:?} must be [a-z0-9_-]{{1,64}} and unique")]
     BadStepId(String),
-    #[error("step {step}: {error}")]
+    #[error("step {step}: text: {error}")]
     Template { step: String, error: TemplateError },
+    #[error("step {step}: {error}")]
+    StepJson { step: String, error: String },
+    #[error("step {step}: {field}: {why}")]
+    StepField {
+        step: String,
+        field: &'static str,
+        why: String,
+    },
     #[error("schedule interval_secs must be between {MIN_INTERVAL_SECS} and {MAX_INTERVAL_SECS}")]
     BadInterval,
     #[error("a schedule needs interval_secs or cron (not both); timezone goes with cron")]
@@ -177,8 +309,8 @@ pub struct Validated {
     pub workflow_id: String,
     pub channel: String,
     pub definition: Definition,
-    /// Parsed templates, by step index.
-    pub templates: Vec<Template>,
+    /// Parsed templates, by step index (`None` for a step that posts no message).
+    pub templates: Vec<Option<Template>>,
 }
 
 /// Validates a kind 30620 event (tags and content).
@@ -199,21 +331,70 @@ pub fn validate(event: &Event) -> Result<Validated, DefinitionError> {
     })
 }
 
-/// Parses a definition's content.
+/// Parses a definition's content. A step whose JSON is wrong is named,
+/// with the field when one is at fault.
 pub fn parse(content: &str) -> Result<Definition, DefinitionError> {
-    serde_json::from_str(content).map_err(|e| DefinitionError::Json(e.to_string()))
+    let raw: Value = serde_json::from_str(content).map_err(|e| DefinitionError::Json(e.to_string()))?;
+    let steps = raw
+        .get("steps")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    for (i, v) in steps.iter().enumerate() {
+        precheck_step(i, v)?;
+    }
+    serde_json::from_value(raw).map_err(|e| {
+        let named = steps.iter().enumerate().find_map(|(i, v)| {
+            let err = serde_json::from_value::<Step>(v.clone()).err()?;
+            Some(DefinitionError::StepJson {
+                step: step_name(i, v),
+                error: err.to_string(),
+            })
+        });
+        named.unwrap_or_else(|| DefinitionError::Json(e.to_string()))
+    })
 }
 
-/// Checks a parsed definition; returns its templates.
-pub fn check(d: &Definition) -> Result<Vec<Template>, DefinitionError> {
-    let name_chars = d.name.chars().count();
-    if name_chars == 0 || name_chars > 200 {
-        return Err(DefinitionError::BadName);
+/// How an error names a step: its id, else its position.
+fn step_name(i: usize, v: &Value) -> String {
+    v.get("id")
+        .and_then(Value::as_str)
+        .map_or_else(|| format!("#{}", i + 1), str::to_string)
+}
+
+/// Checks the fields whose serde error would not name them.
+fn precheck_step(i: usize, v: &Value) -> Result<(), DefinitionError> {
+    let bad = |field: &'static str, why: &str| {
+        Err(DefinitionError::StepField {
+            step: step_name(i, v),
+            field,
+            why: why.to_string(),
+        })
+    };
+    for (field, allowed) in [("wait", ["all", "any"]), ("on_failure", ["fail", "continue"])] {
+        if let Some(x) = v.get(field) {
+            if !x.as_str().is_some_and(|x| allowed.contains(&x)) {
+                return bad(
+                    field,
+                    &format!("must be \"{}\" or \"{}\"", allowed[0], allowed[1]),
+                );
+            }
+        }
     }
-    if d.steps.is_empty() || d.steps.len() > MAX_STEPS {
-        return Err(DefinitionError::StepCount);
+    for field in ["timeout_secs", "secs"] {
+        if v.get(field).is_some_and(|x| x.as_u64().is_none()) {
+            return bad(field, "must be a whole number of seconds");
+        }
     }
-    match &d.trigger {
+    if v.get("if").is_some_and(|x| !x.is_string()) {
+        return bad("if", "must be a string (a CEL expression)");
+    }
+    Ok(())
+}
+
+/// Checks a trigger's own fields.
+fn check_trigger(trigger: &Trigger) -> Result<(), DefinitionError> {
+    match trigger {
         Trigger::Schedule {
             interval_secs,
             cron,
@@ -244,24 +425,81 @@ pub fn check(d: &Definition) -> Result<Vec<Template>, DefinitionError> {
         }
         _ => {}
     }
-    let mut seen: Vec<&str> = Vec::new();
+    Ok(())
+}
+
+/// Checks a parsed definition; returns its templates (by step index, for
+/// the steps that post a message).
+pub fn check(d: &Definition) -> Result<Vec<Option<Template>>, DefinitionError> {
+    let name_chars = d.name.chars().count();
+    if name_chars == 0 || name_chars > 200 {
+        return Err(DefinitionError::BadName);
+    }
+    if d.steps.is_empty() || d.steps.len() > MAX_STEPS {
+        return Err(DefinitionError::StepCount);
+    }
+    check_trigger(&d.trigger)?;
+    let mut earlier: Vec<StepShape<'_>> = Vec::new();
     let mut templates = Vec::with_capacity(d.steps.len());
     for step in &d.steps {
         let id = step.id();
-        if !valid_id(id) || seen.contains(&id) {
+        if !valid_id(id) || earlier.iter().any(|s| s.id == id) {
             return Err(DefinitionError::BadStepId(id.to_string()));
         }
-        let Step::SendMessage { text, .. } = step;
-        let t = Template::parse(text)
-            .and_then(|t| t.check(&seen).map(|_| t))
-            .map_err(|error| DefinitionError::Template {
-                step: id.to_string(),
-                error,
-            })?;
-        templates.push(t);
-        seen.push(id);
+        templates.push(check_step(step, &earlier)?);
+        earlier.push(StepShape {
+            id,
+            fields: step.action().output_fields(),
+        });
     }
     Ok(templates)
+}
+
+/// Checks one step against the steps before it; returns its template.
+fn check_step(step: &Step, earlier: &[StepShape<'_>]) -> Result<Option<Template>, DefinitionError> {
+    let id = step.id();
+    let field = |field: &'static str, why: String| DefinitionError::StepField {
+        step: id.to_string(),
+        field,
+        why,
+    };
+    if let Some(src) = step.condition() {
+        Condition::compile(src, earlier).map_err(|e| field("if", e.to_string()))?;
+    }
+    let template = match step.message() {
+        Some((text, _)) => {
+            let ids: Vec<&str> = earlier.iter().map(|s| s.id).collect();
+            let t = Template::parse(text)
+                .and_then(|t| t.check(&ids).map(|_| t))
+                .map_err(|error| DefinitionError::Template {
+                    step: id.to_string(),
+                    error,
+                })?;
+            Some(t)
+        }
+        None => None,
+    };
+    match step {
+        Step::AskAgent { timeout_secs, .. } => {
+            if let Some(t) = timeout_secs.filter(|t| !ASK_TIMEOUT_SECS.contains(t)) {
+                let (lo, hi) = ASK_TIMEOUT_SECS.into_inner();
+                return Err(field("timeout_secs", format!("{t} is not from {lo} to {hi}")));
+            }
+            if template
+                .as_ref()
+                .is_some_and(|t| crate::template::mentions(t).is_empty())
+            {
+                let why = "must mention at least one agent (nostr:npub1… or nostr:nprofile1…)";
+                return Err(field("text", why.to_string()));
+            }
+        }
+        Step::Delay { secs, .. } if !DELAY_SECS.contains(secs) => {
+            let (lo, hi) = DELAY_SECS.into_inner();
+            return Err(field("secs", format!("{secs} is not from {lo} to {hi}")));
+        }
+        _ => {}
+    }
+    Ok(template)
 }
 
 /// What caused a run.
@@ -451,7 +689,7 @@ mod tests {
         ));
         assert!(matches!(
             bad(&|d| d["steps"][0]["action"] = json!("launch_missiles")),
-            DefinitionError::Json(_)
+            DefinitionError::StepJson { step, .. } if step == "ask"
         ));
         assert!(matches!(
             bad(&|d| d["steps"][0]["text"] = json!("{{trigger.secret}}")),
@@ -486,6 +724,98 @@ mod tests {
             validate(&def_event(&json!("not an object"), &tags)),
             Err(DefinitionError::Json(_))
         ));
+    }
+
+    #[test]
+    fn v2_steps_validate_with_the_step_and_field_named() {
+        let agent = Keys::generate().public_key();
+        let npub = nostr::prelude::ToBech32::to_bech32(&agent).unwrap();
+        let v2 = || {
+            json!({"name": "v2", "trigger": {"on": "manual"}, "steps": [
+                {"id": "triage", "action": "ask_agent", "text": format!("nostr:{npub} triage {{{{trigger.text}}}}"),
+                 "wait": "any", "timeout_secs": 600, "on_failure": "continue"},
+                {"id": "pause", "action": "delay", "secs": 5, "if": "steps.triage.output.status == 'delivered'"},
+                {"id": "page", "action": "send_message", "text": "urgent: {{steps.triage.output.reply}}",
+                 "if": "steps.triage.output.reply.startsWith('urgent')"}]})
+        };
+        let v = validate(&def_event(&v2(), &[("d", "w"), ("h", "c")])).unwrap();
+        assert_eq!(v.templates.iter().filter(|t| t.is_some()).count(), 2);
+        assert!(matches!(
+            &v.definition.steps[0],
+            Step::AskAgent {
+                wait: Wait::Any,
+                on_failure: OnFailure::Continue,
+                ..
+            }
+        ));
+        let refused = |f: &dyn Fn(&mut serde_json::Value)| {
+            let mut d = v2();
+            f(&mut d);
+            validate(&def_event(&d, &[("d", "w"), ("h", "c")]))
+                .unwrap_err()
+                .to_string()
+        };
+        for (change, want) in [
+            (
+                json!({"0": {"wait": "most"}}),
+                "step triage: wait: must be \"all\" or \"any\"",
+            ),
+            (
+                json!({"0": {"on_failure": "retry"}}),
+                "step triage: on_failure: must be",
+            ),
+            (
+                json!({"0": {"timeout_secs": 59}}),
+                "step triage: timeout_secs: 59 is not from 60 to 604800",
+            ),
+            (
+                json!({"0": {"timeout_secs": "soon"}}),
+                "step triage: timeout_secs: must be a whole number",
+            ),
+            (
+                json!({"0": {"text": "nobody to ask"}}),
+                "step triage: text: must mention at least one agent",
+            ),
+            (
+                json!({"1": {"secs": 0}}),
+                "step pause: secs: 0 is not from 1 to 2592000",
+            ),
+            (json!({"1": {"secs": 2_592_001}}), "step pause: secs:"),
+            (
+                json!({"1": {"if": "steps.page.output.text == ''"}}),
+                "step pause: if: steps.page names no earlier step (line 1, column 6)",
+            ),
+            (
+                json!({"1": {"if": "steps.pause.output.until > 0"}}),
+                "step pause: if: steps.pause names no earlier step",
+            ),
+            (json!({"1": {"if": "trigger.text +"}}), "step pause: if:"),
+            (json!({"1": {"if": 3}}), "step pause: if: must be a string"),
+            (
+                json!({"2": {"text": "{{steps.page.output.text}}"}}),
+                "step page: text: {{steps.page.output.text}} names step page, which is not an earlier step",
+            ),
+            (json!({"1": {"text": "x"}}), "step pause: unknown field `text`"),
+        ] {
+            let got = refused(&|d| {
+                for (i, fields) in change.as_object().unwrap() {
+                    let i: usize = i.parse().unwrap();
+                    for (k, v) in fields.as_object().unwrap() {
+                        d["steps"][i][k] = v.clone();
+                    }
+                }
+            });
+            assert!(got.starts_with(want), "{change}: {got}");
+        }
+        let got = refused(&|d| {
+            d["steps"][1]
+                .as_object_mut()
+                .unwrap()
+                .remove("secs")
+                .map(|_| ())
+                .unwrap()
+        });
+        assert!(got.starts_with("step pause: missing field `secs`"), "{got}");
     }
 
     #[test]

@@ -33,6 +33,7 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/deliveries/{id}/finish", post(finish))
         .route("/workflows/{id}/webhook-secret", post(webhook_secret))
         .route("/workflows/{id}/runs", post(manual_run).get(list_runs))
+        .route("/runs/{id}", get(show_run))
         .route("/hooks/{id}", post(webhook))
 }
 
@@ -41,7 +42,7 @@ pub fn routes() -> Router<Arc<AppState>> {
 fn status_of(r: &Refusal) -> StatusCode {
     use Refusal as R;
     match r {
-        R::NoDelivery | R::UnknownWorkflow => StatusCode::NOT_FOUND,
+        R::NoDelivery | R::UnknownWorkflow | R::UnknownRun => StatusCode::NOT_FOUND,
         R::NotTarget | R::AgentNotMember | R::NotOwner | R::OwnerLeft | R::OwnerNotMember => {
             StatusCode::FORBIDDEN
         }
@@ -208,8 +209,10 @@ async fn finish(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth
             for (ev, raw) in f.published {
                 state.publish(&community, Arc::new(ev), Arc::from(raw));
             }
-            if replied {
-                state.kick.kick(); // a reply may start workflows that include agents
+            // A reply may start workflows that include agents; a woken
+            // run resumes now rather than at the next poll.
+            if replied || f.woke_run {
+                state.kick.kick();
             }
             Json(FinishAnswer { status: f.status }).into_response()
         }
@@ -346,6 +349,16 @@ async fn list_runs(
             next_before: next,
         }
     })
+}
+
+/// `GET /runs/<run id>`: one run with its steps, for its workflow's owner.
+async fn show_run(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth: Authed) -> Response {
+    if let Some(r) = limited(&state, &auth.tenant, &auth.pubkey) {
+        return r;
+    }
+    let community = &auth.tenant.community.id;
+    let r = state.store.show_run(community, &id, Some(&auth.pubkey)).await;
+    answer(r, |run| run)
 }
 
 /// `POST /hooks/<id>` with `Authorization: Bearer <secret>`; the JSON body

@@ -17,7 +17,7 @@ use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, Timestamp};
 
 use crate::clock::unix_now;
 use crate::state::AppState;
-use crate::store::workflows::NewDelivery;
+use crate::store::runs::NewDelivery;
 
 /// How long the engine's list of communities is used before it is read
 /// again. Communities are added from the CLI while the relay runs; a pass
@@ -153,7 +153,7 @@ async fn pass(state: &AppState, keys: &mut Communities, schedules_due: bool, swe
         }
         match state
             .store
-            .running_runs(&community, state.cfg.workflows.run_batch)
+            .due_runs(&community, state.cfg.workflows.run_batch)
             .await
         {
             Ok(runs) => {

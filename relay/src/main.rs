@@ -284,9 +284,10 @@ async fn runs(cfg: Config, community: &str, command: RunsCommand) -> anyhow::Res
                 Ok(())
             }
             RunsCommand::Show { id } => {
-                let Some(run) = store.show_run(community, &id).await? else {
-                    anyhow::bail!("no run {id} in community {community}");
-                };
+                let run = store
+                    .show_run(community, &id, None)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("run {id} in community {community}: {e}"))?;
                 println!("{}", serde_json::to_string(&run)?);
                 Ok(())
             }

@@ -13,15 +13,16 @@ use serde_json::Value;
 use super::calls::{Claim, Finish, Operation, Renew};
 use super::deliveries::{self, Answer, ClaimRequest, Delivery, FinishRequest, Finished, Refusal};
 pub use super::group::HttpAuthUse;
+use super::runs::{self, StepOutcome};
 use super::sqlstore::SqlStore;
-use super::workflows::{self, StepOutcome};
+use super::workflows;
 use super::StoreError;
 use crate::config::{DeliveryConfig, Limits};
 
 /// Workflows, runs and deliveries.
 #[async_trait]
 pub trait WorkflowStore: Send + Sync {
-    /// Executes the current step of a run (see `workflows::execute_step`).
+    /// Executes the current step of a run (see `runs::execute_step`).
     async fn execute_run_step(
         &self,
         community: &str,
@@ -31,8 +32,8 @@ pub trait WorkflowStore: Send + Sync {
         limits: &Limits,
     ) -> Result<StepOutcome, StoreError>;
 
-    /// Runs still running in a community, oldest first.
-    async fn running_runs(&self, community: &str, limit: u32) -> Result<Vec<String>, StoreError>;
+    /// Runs with a step to execute now, oldest first (`runs::due_runs`).
+    async fn due_runs(&self, community: &str, limit: u32) -> Result<Vec<String>, StoreError>;
 
     /// Fires due schedule slots; returns new runs.
     async fn fire_schedules(&self, community: &str) -> Result<Vec<String>, StoreError>;
@@ -73,14 +74,16 @@ pub trait WorkflowStore: Send + Sync {
         caller: Option<&PublicKey>,
         before: Option<i64>,
         limit: u32,
-    ) -> Answer<workflows::RunList>;
+    ) -> Answer<runs::RunList>;
 
-    /// One run.
+    /// One run; with `caller`, only its workflow's owner (still a member
+    /// of the channel) sees it.
     async fn show_run(
         &self,
         community: &str,
         run_id: &str,
-    ) -> Result<Option<protocol::api::RunView>, StoreError>;
+        caller: Option<&PublicKey>,
+    ) -> Answer<protocol::api::RunView>;
 
     /// Each delivery call below spends `auth` (see [`HttpAuthUse`]) and
     /// goes through the call writer.
@@ -158,15 +161,15 @@ impl WorkflowStore for SqlStore {
         limits: &Limits,
     ) -> Result<StepOutcome, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let out = workflows::execute_step(&mut tx, community, keys, run_id, cfg, limits).await?;
+        let out = runs::execute_step(&mut tx, community, keys, run_id, cfg, limits).await?;
         let raws: Vec<&str> = out.published.iter().map(|(_, raw)| raw.as_str()).collect();
         self.announce(&mut tx, community, &raws).await?;
         tx.commit().await?;
         Ok(out)
     }
 
-    async fn running_runs(&self, community: &str, limit: u32) -> Result<Vec<String>, StoreError> {
-        workflows::running_runs(&self.pool, community, limit).await
+    async fn due_runs(&self, community: &str, limit: u32) -> Result<Vec<String>, StoreError> {
+        runs::due_runs(&self.pool, community, limit).await
     }
 
     async fn fire_schedules(&self, community: &str) -> Result<Vec<String>, StoreError> {
@@ -229,21 +232,30 @@ impl WorkflowStore for SqlStore {
         caller: Option<&PublicKey>,
         before: Option<i64>,
         limit: u32,
-    ) -> Answer<workflows::RunList> {
+    ) -> Answer<runs::RunList> {
         let mut tx = self.pool.read().await?;
         if let (Some(caller), Some(w)) = (caller, workflow_id) {
             workflows::owned(&mut tx, community, w, caller, true).await?;
         }
-        Ok(workflows::list_runs(&mut tx, community, workflow_id, before, limit).await?)
+        Ok(runs::list_runs(&mut tx, community, workflow_id, before, limit).await?)
     }
 
     async fn show_run(
         &self,
         community: &str,
         run_id: &str,
-    ) -> Result<Option<protocol::api::RunView>, StoreError> {
+        caller: Option<&PublicKey>,
+    ) -> Answer<protocol::api::RunView> {
         let mut tx = self.pool.read().await?;
-        workflows::show_run(&mut tx, community, run_id).await
+        if let Some(caller) = caller {
+            let workflow = runs::workflow_of(&mut tx, community, run_id)
+                .await?
+                .ok_or(Refusal::UnknownRun)?;
+            workflows::owned(&mut tx, community, &workflow, caller, true).await?;
+        }
+        Ok(runs::show_run(&mut tx, community, run_id)
+            .await?
+            .ok_or(Refusal::UnknownRun)?)
     }
 
     async fn claim(

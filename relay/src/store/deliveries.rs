@@ -24,7 +24,7 @@ pub use protocol::api::{ClaimRequest, Expected, FinishRequest};
 const COLS: &str = "id, workflow_id, run_id, step_id, target_pubkey, channel, definition_event_id, \
     message_event_id, status, attempt, max_attempts, claim_token, claim_expires_at, records_operations, \
     next_attempt_at, expires_at, trigger_context, execution_trace, failure_code, failure_message, \
-    reply_event_id, finished_token, finished_outcome, finished_status, created_at, updated_at";
+    reply_event_id, finished_token, finished_outcome, finished_status, created_at, updated_at, awaited";
 
 /// A delivery row.
 #[derive(Debug, Clone)]
@@ -55,6 +55,8 @@ pub struct Delivery {
     pub finished_status: Option<Status>,
     pub created_at: i64,
     pub updated_at: i64,
+    /// A row of an `ask_agent` step: its end wakes the waiting run.
+    pub awaited: bool,
 }
 
 fn delivery(r: &Row) -> Result<Delivery, StoreError> {
@@ -91,6 +93,7 @@ fn delivery(r: &Row) -> Result<Delivery, StoreError> {
         finished_status: status("finished_status")?,
         created_at: r.int("created_at")?,
         updated_at: r.int("updated_at")?,
+        awaited: r.bool("awaited")?,
     })
 }
 
@@ -563,6 +566,9 @@ pub struct Finished {
     pub status: Status,
     /// Events to announce (reply, notice).
     pub published: Vec<(Event, String)>,
+    /// Whether it woke the run waiting for this delivery (the engine
+    /// should look at it now).
+    pub woke_run: bool,
 }
 
 /// Checks a reply: a kind 9 by the target, in the delivery's channel, whose
@@ -607,6 +613,7 @@ pub async fn finish(
         return Ok(Finished {
             status,
             published: Vec::new(),
+            woke_run: false,
         });
     }
     let asked = On::Finish {
@@ -624,11 +631,16 @@ pub async fn finish(
             id
         });
     faults::check("finish:after_reply")?;
-    let (status, notice) = apply(tx, community, keys, &d, decided, agent_failure(req), now).await?;
-    published.extend(notice);
+    let applied = apply(tx, community, keys, &d, decided, agent_failure(req), now).await?;
+    published.extend(applied.notice);
+    let status = applied.status;
     record_finish(tx, community, id, req, status, reply_id, now).await?;
     faults::check("finish:after_status")?;
-    Ok(Finished { status, published })
+    Ok(Finished {
+        status,
+        published,
+        woke_run: applied.poked,
+    })
 }
 
 impl Delivery {
@@ -691,6 +703,35 @@ async fn store_reply(
 /// finish in one statement. `agent`: the code and message of
 /// [`Failure::Agent`].
 async fn apply(
+    tx: &mut Tx<'_>,
+    community: &str,
+    keys: &Keys,
+    d: &Delivery,
+    decided: Transition,
+    agent: (&str, Option<String>),
+    now: i64,
+) -> Result<Applied, StoreError> {
+    let (status, notice) = transition_row(tx, community, keys, d, decided, agent, now).await?;
+    // The run waiting for this row looks again, from committed state.
+    let ended = status.is_terminal() && status != d.status;
+    let poked = d.awaited && ended && super::runs::poke(tx, community, &d.run_id, now).await?;
+    Ok(Applied {
+        status,
+        notice,
+        poked,
+    })
+}
+
+/// What [`apply`] did: the row's new status, its notice, and whether it
+/// woke a waiting run.
+struct Applied {
+    status: Status,
+    notice: Option<(Event, String)>,
+    poked: bool,
+}
+
+/// [`apply`] without the run's wake.
+async fn transition_row(
     tx: &mut Tx<'_>,
     community: &str,
     keys: &Keys,
@@ -795,8 +836,11 @@ pub async fn sweep(
     let mut published = Vec::new();
     for d in due(tx, community, "status = 'pending' AND expires_at", now, batch).await? {
         let decided = sweep_decision(&d, On::LifetimeOver, now);
-        let (_, notice) = apply(tx, community, keys, &d, decided, ("", None), now).await?;
-        published.extend(notice);
+        published.extend(
+            apply(tx, community, keys, &d, decided, ("", None), now)
+                .await?
+                .notice,
+        );
         faults::check("sweep:after_transition")?;
     }
     for d in due(
@@ -810,8 +854,11 @@ pub async fn sweep(
     {
         let wrote = wrote_in_attempt(tx, community, &d).await?;
         let decided = sweep_decision(&d, On::LeaseLapsed { wrote }, now);
-        let (_, notice) = apply(tx, community, keys, &d, decided, ("", None), now).await?;
-        published.extend(notice);
+        published.extend(
+            apply(tx, community, keys, &d, decided, ("", None), now)
+                .await?
+                .notice,
+        );
         faults::check("sweep:after_transition")?;
     }
     Ok(published)
@@ -913,7 +960,7 @@ mod tests {
             "status" => Val::Text("claimed".into()),
             "attempt" | "max_attempts" | "next_attempt_at" | "expires_at" | "created_at" | "updated_at"
             | "claim_expires_at" => Val::Int(col.len() as i64),
-            "records_operations" => Val::Bool(true),
+            "records_operations" | "awaited" => Val::Bool(true),
             "reply_event_id" | "finished_token" | "finished_outcome" | "finished_status" | "failure_code"
             | "failure_message" => Val::Null,
             other => Val::Text(format!("{other}-value")),

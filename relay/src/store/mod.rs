@@ -24,6 +24,7 @@ pub mod machine;
 pub mod notices;
 pub mod postgres;
 pub mod refusal;
+pub mod runs;
 pub mod sql;
 pub mod sqlite;
 pub mod sqlstore;

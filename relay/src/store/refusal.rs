@@ -37,6 +37,8 @@ pub enum Refusal {
     Replayed(String),
     #[error("no such workflow")]
     UnknownWorkflow,
+    #[error("no such run in this community")]
+    UnknownRun,
     #[error("only the workflow's owner may do this")]
     NotOwner,
     #[error("only the workflow's owner, while a member of its channel, may do this")]
@@ -67,6 +69,7 @@ impl Refusal {
             Refusal::AgentNotMember | Refusal::OwnerLeft => "not_member",
             Refusal::Replayed(_) => "auth_replayed",
             Refusal::UnknownWorkflow => "unknown_workflow",
+            Refusal::UnknownRun => "unknown_run",
             Refusal::NotOwner => "not_owner",
             Refusal::OwnerNotMember => "owner_not_member",
             Refusal::WorkflowDisabled => "workflow_disabled",

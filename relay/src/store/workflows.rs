@@ -1,66 +1,29 @@
-//! Workflows: definitions, triggers, durable runs and the `send_message`
-//! step, each change inside one transaction.
-//!
-//! The step transaction is the heart of delivery: it stores the relay-signed
-//! kind 9, the step's message record, one delivery row per managed-agent
-//! recipient (unique per run, step and target; foreign key to the exact
-//! event) and the run's advance, or none of them. A replay finds the step's
-//! message record and reuses the event; rows it already made are kept
-//! (`ON CONFLICT DO NOTHING`), so nothing is duplicated.
+//! Workflows: definitions, triggers and the start of runs (unique per
+//! cause), their pause and cancellation, each change inside one
+//! transaction. Executing a run's steps is `runs.rs`.
 
-use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, PublicKey, Tag, Timestamp};
-use protocol::api::{CauseKind, CauseView, DeliveryStatus, RunStatus, RunView};
-use protocol::template::{self, Template};
-use protocol::workflow::{self, Cause, Definition, MessageBinding, Step, Trigger, Validated};
+use nostr::prelude::{Event, Keys, PublicKey, Tag};
+use protocol::api::CauseKind;
+use protocol::workflow::{self, Cause, Definition, Trigger, Validated};
 use serde_json::{json, Value};
 
-use super::db::{named, Pool, Row, Tx, Q};
-use super::events::{self, created_at_of, Deleted};
+use super::db::{Row, Tx, Q};
+use super::events::{self, Deleted};
 use super::refusal::{unless_refused, Answer, Refusal};
 use super::{InsertOutcome, StoreError};
-use crate::admission;
-use crate::config::{DeliveryConfig, Limits};
-use crate::faults;
-
-/// A delivery row made by a step, for its wake hint.
-#[derive(Debug, Clone)]
-pub struct NewDelivery {
-    pub id: String,
-    pub target: PublicKey,
-    pub channel: String,
-    pub definition_event_id: String,
-    pub run_id: String,
-    pub step_id: String,
-    pub message_event_id: String,
-}
-
-/// What one step execution produced.
-#[derive(Debug, Default)]
-pub struct StepOutcome {
-    /// Events to announce after commit (the message when newly made).
-    pub published: Vec<(Event, String)>,
-    /// Delivery rows made by this execution (wake each).
-    pub new_deliveries: Vec<NewDelivery>,
-    /// Whether the run has more steps to execute.
-    pub more: bool,
-}
-
-/// Delivery rows in one insert, at most (19 binds a row: within both
-/// backends' bind limits).
-const MAX_ROWS_PER_INSERT: usize = 500;
 
 /// A new random id (128 bits, hex).
 pub fn new_id() -> String {
     hex::encode(rand::random::<[u8; 16]>())
 }
 
-struct WorkflowRow {
-    id: String,
-    channel: String,
-    owner: [u8; 32],
-    definition_event_id: [u8; 32],
-    enabled: bool,
-    deleted: bool,
+pub(super) struct WorkflowRow {
+    pub(super) id: String,
+    pub(super) channel: String,
+    pub(super) owner: [u8; 32],
+    pub(super) definition_event_id: [u8; 32],
+    pub(super) enabled: bool,
+    pub(super) deleted: bool,
 }
 
 fn workflow_row(r: &Row) -> Result<WorkflowRow, StoreError> {
@@ -76,7 +39,7 @@ fn workflow_row(r: &Row) -> Result<WorkflowRow, StoreError> {
 
 const WORKFLOW_COLS: &str = "id, channel, owner, definition_event_id, enabled, deleted";
 
-async fn load_workflow(
+pub(super) async fn load_workflow(
     tx: &mut Tx<'_>,
     community: &str,
     id: &str,
@@ -90,7 +53,7 @@ async fn load_workflow(
 }
 
 /// Loads the definition a revision id names (superseded revisions included).
-async fn load_definition(
+pub(super) async fn load_definition(
     tx: &mut Tx<'_>,
     community: &str,
     event_id: &[u8; 32],
@@ -280,7 +243,7 @@ async fn on_definition_deleted(
 /// their own (migration 0005 on PostgreSQL, 0007 on SQLite, says why).
 /// These are the states the machine cancels (`machine::Event::Cancel`;
 /// the test below holds the two together).
-const ACTIVE_ROWS: &str = "(status = 'pending' OR status = 'claimed')";
+pub(super) const ACTIVE_ROWS: &str = "(status = 'pending' OR status = 'claimed')";
 
 /// Cancels a workflow's running runs and open deliveries.
 pub async fn cancel_workflow(tx: &mut Tx<'_>, community: &str, workflow_id: &str) -> Result<(), StoreError> {
@@ -289,7 +252,7 @@ pub async fn cancel_workflow(tx: &mut Tx<'_>, community: &str, workflow_id: &str
         Q::new(
             "UPDATE workflow_runs SET status = 'cancelled', error = 'workflow disabled or deleted', \
              error_code = 'workflow_disabled', updated_at = $3 \
-             WHERE community_id = $1 AND workflow_id = $2 AND status = 'running'",
+             WHERE community_id = $1 AND workflow_id = $2 AND status IN ('running', 'waiting')",
         )
         .bind(community)
         .bind(workflow_id)
@@ -377,7 +340,7 @@ pub async fn cancel_channel(tx: &mut Tx<'_>, community: &str, channel: &str) -> 
         Q::new(
             "UPDATE workflow_runs SET status = 'cancelled', error = 'channel deleted', \
              error_code = 'channel_deleted', updated_at = $3 \
-             WHERE community_id = $1 AND channel = $2 AND status = 'running'",
+             WHERE community_id = $1 AND channel = $2 AND status IN ('running', 'waiting')",
         )
         .bind(community)
         .bind(channel)
@@ -538,509 +501,6 @@ pub async fn on_message(
     Ok(runs)
 }
 
-struct RunRow {
-    workflow_id: String,
-    definition_event_id: [u8; 32],
-    channel: String,
-    owner: PublicKey,
-    cause: Cause,
-    status: RunStatus,
-    current_step: i64,
-    trigger_context: Value,
-    trace: Value,
-}
-
-async fn load_run(tx: &mut Tx<'_>, community: &str, run_id: &str) -> Result<Option<RunRow>, StoreError> {
-    let row = tx
-        .one(
-            Q::new(
-                "SELECT workflow_id, definition_event_id, channel, owner, cause_type, cause_id, status, \
-                 current_step, trigger_context, trace FROM workflow_runs WHERE community_id = $1 AND id = $2",
-            )
-            .bind(community)
-            .bind(run_id),
-        )
-        .await?;
-    let Some(r) = row else { return Ok(None) };
-    let json =
-        |s: String| serde_json::from_str(&s).map_err(|e| StoreError::Corrupt(format!("run json: {e}")));
-    Ok(Some(RunRow {
-        workflow_id: r.text("workflow_id")?,
-        definition_event_id: r.id32("definition_event_id")?,
-        channel: r.text("channel")?,
-        owner: PublicKey::from_slice(&r.blob("owner")?).map_err(|e| StoreError::Corrupt(e.to_string()))?,
-        cause: Cause {
-            kind: named(&r.text("cause_type")?, CauseKind::parse)?,
-            id: r.text("cause_id")?,
-        },
-        status: named(&r.text("status")?, RunStatus::parse)?,
-        current_step: r.int("current_step")?,
-        trigger_context: json(r.text("trigger_context")?)?,
-        trace: json(r.text("trace")?)?,
-    }))
-}
-
-/// Why a run ended other than by completing: a stable code and a text.
-type RunError = (&'static str, String);
-
-async fn end_run(
-    tx: &mut Tx<'_>,
-    community: &str,
-    run_id: &str,
-    status: RunStatus,
-    error: Option<RunError>,
-) -> Result<(), StoreError> {
-    let now = tx.now().await?;
-    let (code, message) = error.map_or((None, None), |(c, m)| (Some(c.to_string()), Some(m)));
-    tx.exec(
-        Q::new(
-            "UPDATE workflow_runs SET status = $3, error = $4, error_code = $5, updated_at = $6 \
-             WHERE community_id = $1 AND id = $2",
-        )
-        .bind(community)
-        .bind(run_id)
-        .bind(status.as_str())
-        .bind(message)
-        .bind(code)
-        .bind(now),
-    )
-    .await?;
-    Ok(())
-}
-
-/// What a step's message is bound to.
-struct Binding<'a> {
-    run: &'a RunRow,
-    run_id: &'a str,
-    step_id: &'a str,
-    definition_hex: &'a str,
-    reply_in_thread: bool,
-}
-
-/// Renders and signs a step's message, under the same admission rule as
-/// every event a client sends (the relay's own events obey the limits it
-/// sets for others): `Err` is why the run fails, `message_too_large` when
-/// the rendered text (rendering stops at `max_event_bytes`) or the signed
-/// event is over `max_event_bytes`.
-fn sign_message(
-    keys: &Keys,
-    b: &Binding<'_>,
-    template: &Template,
-    now: i64,
-    limits: &Limits,
-) -> Result<Signed, StoreError> {
-    let too_large = |bytes: String| {
-        (
-            "message_too_large",
-            format!(
-                "step {}: the message would be {bytes} bytes; max_event_bytes is {}",
-                b.step_id, limits.max_event_bytes
-            ),
-        )
-    };
-    let ctx = template::context(&b.run.trigger_context, &b.run.trace);
-    let rendered = match template.render_bounded(&ctx, limits.max_event_bytes) {
-        Ok(text) => text,
-        Err(e) => return Ok(Signed::Refused(too_large(format!("at least {}", e.at_least)))),
-    };
-    let recipients = workflow::recipients(&b.run.owner, template);
-    let reply_to =
-        (b.reply_in_thread && b.run.cause.kind == CauseKind::Event).then_some(b.run.cause.id.as_str());
-    let tags = workflow::message_tags(&MessageBinding {
-        channel: &b.run.channel,
-        definition_event_id: b.definition_hex,
-        step_id: b.step_id,
-        run_id: b.run_id,
-        owner: &b.run.owner,
-        cause: &b.run.cause,
-        recipients: &recipients,
-        reply_to,
-    });
-    let ev = EventBuilder::new(Kind::from_u16(workflow::MESSAGE_KIND), rendered)
-        .tags(tags)
-        .custom_created_at(Timestamp::from_secs(u64::try_from(now).unwrap_or(0)))
-        .finalize(keys)
-        .map_err(|e| StoreError::Corrupt(format!("signing workflow message: {e}")))?;
-    let raw = serde_json::to_string(&ev).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    let rules = admission::Rules {
-        limits,
-        community_key: &keys.public_key(),
-        now: u64::try_from(now).unwrap_or(0),
-    };
-    Ok(match admission::check(&ev, raw.len(), &rules) {
-        Ok(()) => Signed::Message(ev, raw),
-        Err(admission::Refusal::TooLarge { bytes, .. }) => Signed::Refused(too_large(bytes.to_string())),
-        Err(r) => Signed::Refused(("message_refused", format!("step {}: {r}", b.step_id))),
-    })
-}
-
-/// A signed step message and its JSON, or why the run fails instead.
-enum Signed {
-    Message(Event, String),
-    Refused(RunError),
-}
-
-/// Executes the current step of a run, if it is still running, inside `tx`:
-/// its message (made once: a replay reuses it), its delivery rows, and
-/// the run's next position.
-pub async fn execute_step(
-    tx: &mut Tx<'_>,
-    community: &str,
-    keys: &Keys,
-    run_id: &str,
-    cfg: &DeliveryConfig,
-    limits: &Limits,
-) -> Result<StepOutcome, StoreError> {
-    let mut out = StepOutcome::default();
-    // Concurrent executions of one run (several processes) serialise here;
-    // the second sees the step already done.
-    tx.lock(&format!("{community}:run:{run_id}")).await?;
-    let Some((run, steps)) = due_step(tx, community, run_id).await? else {
-        return Ok(out);
-    };
-    let step = &steps.step;
-    let now = tx.now().await?;
-    let binding = Binding {
-        run: &run,
-        run_id,
-        step_id: &step.id,
-        definition_hex: &hex::encode(run.definition_event_id),
-        reply_in_thread: step.reply_in_thread,
-    };
-    let message = match step_message(tx, community, keys, &binding, &step.template, now, limits).await? {
-        Made::Found(message) => message,
-        Made::New(message, raw) => {
-            out.published.push((message.clone(), raw));
-            message
-        }
-        Made::Refused(why) => {
-            end_run(tx, community, run_id, RunStatus::Failed, Some(why)).await?;
-            return Ok(out);
-        }
-    };
-    out.new_deliveries = insert_deliveries(tx, community, &binding, &message, cfg, now).await?;
-    faults::check("step:after_rows")?;
-    out.more = advance(tx, community, &binding, &message, steps.count, now).await?;
-    faults::check("step:before_commit")?;
-    Ok(out)
-}
-
-/// The step a run is at, parsed.
-struct DueStep {
-    id: String,
-    template: Template,
-    reply_in_thread: bool,
-}
-
-/// A run's current step and how many steps its definition has.
-struct Steps {
-    step: DueStep,
-    count: usize,
-}
-
-/// The run and its current step, if it has one to execute. A run that
-/// cannot go on (its workflow disabled, its definition gone, its template
-/// broken) or has no step left is ended here.
-async fn due_step(
-    tx: &mut Tx<'_>,
-    community: &str,
-    run_id: &str,
-) -> Result<Option<(RunRow, Steps)>, StoreError> {
-    let Some(run) = load_run(tx, community, run_id).await? else {
-        return Ok(None);
-    };
-    if run.status != RunStatus::Running {
-        return Ok(None);
-    }
-    let live = load_workflow(tx, community, &run.workflow_id)
-        .await?
-        .is_some_and(|w| w.enabled && !w.deleted);
-    let def = if live {
-        load_definition(tx, community, &run.definition_event_id).await?
-    } else {
-        None
-    };
-    let step_index = usize::try_from(run.current_step).unwrap_or(usize::MAX);
-    let (end, why) = match &def {
-        _ if !live => (
-            RunStatus::Cancelled,
-            Some(("workflow_disabled", "workflow disabled or deleted")),
-        ),
-        None => (
-            RunStatus::Failed,
-            Some(("definition_missing", "definition revision is no longer stored")),
-        ),
-        Some(def) => match def.steps.get(step_index) {
-            None => (RunStatus::Completed, None),
-            Some(Step::SendMessage {
-                id,
-                text,
-                reply_in_thread,
-            }) => match Template::parse(text) {
-                Ok(template) => {
-                    let step = DueStep {
-                        id: id.clone(),
-                        template,
-                        reply_in_thread: *reply_in_thread,
-                    };
-                    let count = def.steps.len();
-                    return Ok(Some((run, Steps { step, count })));
-                }
-                Err(_) => (
-                    RunStatus::Failed,
-                    Some(("template_invalid", "step template no longer parses")),
-                ),
-            },
-        },
-    };
-    let why = why.map(|(code, text)| (code, text.to_string()));
-    end_run(tx, community, run_id, end, why).await?;
-    Ok(None)
-}
-
-/// A step's message: found (a replay), new (to announce), or refused
-/// (the run fails with that error).
-enum Made {
-    Found(Event),
-    New(Event, String),
-    Refused(RunError),
-}
-
-/// The step's message: the one stored by an earlier execution, else
-/// rendered, signed and stored now, with its record.
-async fn step_message(
-    tx: &mut Tx<'_>,
-    community: &str,
-    keys: &Keys,
-    b: &Binding<'_>,
-    template: &Template,
-    now: i64,
-    limits: &Limits,
-) -> Result<Made, StoreError> {
-    let existing = tx
-        .one(
-            Q::new(
-                "SELECT e.raw FROM workflow_step_messages m JOIN events e \
-                 ON e.community_id = m.community_id AND e.id = m.event_id \
-                 WHERE m.community_id = $1 AND m.run_id = $2 AND m.step_id = $3",
-            )
-            .bind(community)
-            .bind(b.run_id)
-            .bind(b.step_id),
-        )
-        .await?;
-    if let Some(row) = existing {
-        let found = serde_json::from_str(&row.text(0)?).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        return Ok(Made::Found(found));
-    }
-    let (ev, raw) = match sign_message(keys, b, template, now, limits)? {
-        Signed::Message(ev, raw) => (ev, raw),
-        Signed::Refused(why) => return Ok(Made::Refused(why)),
-    };
-    match events::insert(tx, community, &ev, &raw, Some(&b.run.channel))
-        .await?
-        .of_no_deletion()
-    {
-        InsertOutcome::Stored | InsertOutcome::Duplicate => {}
-        InsertOutcome::Rejected(why) => {
-            return Err(StoreError::Corrupt(format!("workflow message refused: {why}")))
-        }
-    }
-    tx.exec(
-        Q::new(
-            "INSERT INTO workflow_step_messages (community_id, run_id, step_id, event_id, event_created_at) \
-             VALUES ($1, $2, $3, $4, $5)",
-        )
-        .bind(community)
-        .bind(b.run_id)
-        .bind(b.step_id)
-        .bind(ev.id.to_bytes())
-        .bind(now),
-    )
-    .await?;
-    faults::check("step:after_event")?;
-    Ok(Made::New(ev, raw))
-}
-
-/// The message's `p` recipients, each once, in order.
-fn recipients_of(message: &Event) -> Vec<PublicKey> {
-    let mut targets: Vec<PublicKey> = Vec::new();
-    for p in workflow::tag_values(message, "p") {
-        if let Ok(t) = PublicKey::from_hex(p) {
-            if !targets.contains(&t) {
-                targets.push(t);
-            }
-        }
-    }
-    targets
-}
-
-/// One delivery row per recipient that is a managed agent and a member:
-/// per chunk, one query for who qualifies and one multi-row insert (a
-/// replay inserts nothing new: the rows are unique on run, step and
-/// target). Returns the rows made now (to wake).
-async fn insert_deliveries(
-    tx: &mut Tx<'_>,
-    community: &str,
-    b: &Binding<'_>,
-    message: &Event,
-    cfg: &DeliveryConfig,
-    now: i64,
-) -> Result<Vec<NewDelivery>, StoreError> {
-    let mut made = Vec::new();
-    for chunk in recipients_of(message).chunks(MAX_ROWS_PER_INSERT) {
-        let eligible = eligible_agents(tx, community, &b.run.channel, chunk).await?;
-        let rows: Vec<(&PublicKey, String)> = chunk
-            .iter()
-            .filter(|t| eligible.contains(&t.to_bytes()))
-            .map(|t| (t, new_id()))
-            .collect();
-        if rows.is_empty() {
-            continue;
-        }
-        let inserted = insert_rows(tx, community, b, message, &rows, cfg, now).await?;
-        for (target, id) in rows {
-            if inserted.contains(&target.to_bytes()) {
-                made.push(NewDelivery {
-                    id,
-                    target: *target,
-                    channel: b.run.channel.clone(),
-                    definition_event_id: b.definition_hex.to_string(),
-                    run_id: b.run_id.to_string(),
-                    step_id: b.step_id.to_string(),
-                    message_event_id: message.id.to_hex(),
-                });
-            }
-        }
-    }
-    Ok(made)
-}
-
-/// Of `candidates`, the registered agents that are members of `channel`.
-async fn eligible_agents(
-    tx: &mut Tx<'_>,
-    community: &str,
-    channel: &str,
-    candidates: &[PublicKey],
-) -> Result<Vec<[u8; 32]>, StoreError> {
-    let d = tx.dialect();
-    let mut q = Q::new(
-        "SELECT a.pubkey FROM agents a JOIN channel_members m ON m.community_id = a.community_id \
-         AND m.pubkey = a.pubkey WHERE a.community_id = ",
-    )
-    .arg(d, community);
-    q.sql.push_str(" AND m.channel_id = ");
-    q = q.arg(d, channel);
-    q.sql.push_str(" AND a.pubkey IN ");
-    q = q.in_list(d, candidates.iter().map(|t| t.to_bytes()));
-    tx.all(q).await?.iter().map(|r| r.id32(0)).collect()
-}
-
-/// Inserts `rows` (target, new id) as pending deliveries of the step's
-/// message; returns the targets whose row is new.
-async fn insert_rows(
-    tx: &mut Tx<'_>,
-    community: &str,
-    b: &Binding<'_>,
-    message: &Event,
-    rows: &[(&PublicKey, String)],
-    cfg: &DeliveryConfig,
-    now: i64,
-) -> Result<Vec<[u8; 32]>, StoreError> {
-    const COLS: usize = 19;
-    let mut q = Q::new(
-        "INSERT INTO workflow_agent_deliveries (community_id, id, workflow_id, run_id, step_id, \
-         target_pubkey, channel, definition_event_id, message_event_id, message_created_at, status, \
-         attempt, max_attempts, next_attempt_at, expires_at, trigger_context, execution_trace, \
-         created_at, updated_at) VALUES ",
-    );
-    let expires = now.saturating_add(i64::try_from(cfg.lifetime_secs).unwrap_or(i64::MAX));
-    let (context, trace) = (b.run.trigger_context.to_string(), b.run.trace.to_string());
-    let d = tx.dialect();
-    for (k, (target, id)) in rows.iter().enumerate() {
-        d.push_values_row(&mut q.sql, k, COLS);
-        q = q
-            .bind(community)
-            .bind(id.as_str())
-            .bind(b.run.workflow_id.as_str())
-            .bind(b.run_id)
-            .bind(b.step_id)
-            .bind(target.to_bytes())
-            .bind(b.run.channel.as_str())
-            .bind(b.run.definition_event_id)
-            .bind(message.id.to_bytes())
-            .bind(created_at_of(message))
-            .bind(DeliveryStatus::Pending.as_str())
-            .bind(0_i64)
-            .bind(i64::from(cfg.max_attempts))
-            .bind(now)
-            .bind(expires)
-            .bind(context.as_str())
-            .bind(trace.as_str())
-            .bind(now)
-            .bind(now);
-    }
-    debug_assert_eq!(q.binds.len(), rows.len() * COLS);
-    q.sql.push_str(
-        " ON CONFLICT (community_id, run_id, step_id, target_pubkey) DO NOTHING RETURNING target_pubkey",
-    );
-    tx.all(q).await?.iter().map(|r| r.id32(0)).collect()
-}
-
-/// Records the step's output in the trace and moves the run on (completed
-/// after its last step). Returns whether steps remain.
-async fn advance(
-    tx: &mut Tx<'_>,
-    community: &str,
-    b: &Binding<'_>,
-    message: &Event,
-    step_count: usize,
-    now: i64,
-) -> Result<bool, StoreError> {
-    let mut trace = b.run.trace.as_array().cloned().unwrap_or_default();
-    trace.push(
-        json!({"step": b.step_id, "output": {"event_id": message.id.to_hex(), "text": message.content}}),
-    );
-    let next = b.run.current_step + 1;
-    let more = usize::try_from(next).is_ok_and(|n| n < step_count);
-    let status = if more {
-        RunStatus::Running
-    } else {
-        RunStatus::Completed
-    };
-    tx.exec(
-        Q::new(
-            "UPDATE workflow_runs SET current_step = $3, trace = $4, status = $5, updated_at = $6 \
-             WHERE community_id = $1 AND id = $2",
-        )
-        .bind(community)
-        .bind(b.run_id)
-        .bind(next)
-        .bind(Value::Array(trace).to_string())
-        .bind(status.as_str())
-        .bind(now),
-    )
-    .await?;
-    Ok(more)
-}
-
-/// Runs that are still running, oldest first: one statement, so it needs
-/// no transaction (the engine asks after every trigger; a read transaction
-/// around it was two round trips more each time).
-pub async fn running_runs(pool: &Pool, community: &str, limit: u32) -> Result<Vec<String>, StoreError> {
-    let rows = pool
-        .all(
-            Q::new(
-                "SELECT id FROM workflow_runs WHERE community_id = $1 AND status = 'running' \
-                 ORDER BY created_at, id LIMIT $2",
-            )
-            .bind(community)
-            .bind(i64::from(limit)),
-        )
-        .await?;
-    rows.iter().map(|r| r.text(0)).collect()
-}
-
 /// Fires the current slot of every live schedule of a community (each slot
 /// once, whatever the number of processes). Returns new run ids.
 pub async fn fire_schedules(tx: &mut Tx<'_>, community: &str) -> Result<Vec<String>, StoreError> {
@@ -1178,102 +638,6 @@ pub async fn trigger_of(
         )
         .await?;
     row.map(|r| r.text(0)).transpose()
-}
-
-/// Bytes of run traces one page of runs carries, at most (past the first
-/// run): a trace holds up to `MAX_STEPS` messages of up to
-/// `max_event_bytes` each, and a page of 100 such runs would be 400 MB.
-pub const MAX_RUNS_PAGE_BYTES: usize = 4 * 1024 * 1024;
-
-/// A page of runs, newest first; `cut` when it stopped at
-/// [`MAX_RUNS_PAGE_BYTES`] before its limit.
-#[derive(Debug, Default)]
-pub struct RunList {
-    pub runs: Vec<RunView>,
-    pub cut: bool,
-}
-
-/// A page of a workflow's runs, newest first.
-pub async fn list_runs(
-    tx: &mut Tx<'_>,
-    community: &str,
-    workflow_id: Option<&str>,
-    before: Option<i64>,
-    limit: u32,
-) -> Result<RunList, StoreError> {
-    let mut q = Q::new(
-        "SELECT id, workflow_id, status, current_step, cause_type, cause_id, error, created_at, updated_at, trace, \
-         definition_event_id, error_code FROM workflow_runs WHERE community_id = ",
-    )
-    .arg(tx.dialect(), community);
-    let d = tx.dialect();
-    if let Some(w) = workflow_id {
-        q = q.and(d, "workflow_id =", w);
-    }
-    if let Some(b) = before {
-        q = q.and(d, "created_at <", b);
-    }
-    let q = q
-        .push_text(" ORDER BY created_at DESC, id DESC LIMIT ")
-        .arg(d, i64::from(limit));
-    let rows = tx.all(q).await?;
-    let mut page = RunList::default();
-    let mut bytes = 0usize;
-    for r in &rows {
-        let trace = r.text("trace")?;
-        if !page.runs.is_empty() && bytes + trace.len() > MAX_RUNS_PAGE_BYTES {
-            page.cut = true;
-            break;
-        }
-        bytes += trace.len();
-        page.runs.push(run_view(r, &trace)?);
-    }
-    Ok(page)
-}
-
-/// One run as listed.
-fn run_view(r: &Row, trace: &str) -> Result<RunView, StoreError> {
-    Ok(RunView {
-        id: r.text("id")?,
-        workflow_id: r.text("workflow_id")?,
-        status: named(&r.text("status")?, RunStatus::parse)?,
-        current_step: r.int("current_step")?,
-        cause: CauseView {
-            kind: named(&r.text("cause_type")?, CauseKind::parse)?,
-            id: r.text("cause_id")?,
-        },
-        error: r.opt_text("error")?,
-        created_at: r.int("created_at")?,
-        updated_at: r.int("updated_at")?,
-        trace: serde_json::from_str::<Value>(trace).unwrap_or(Value::Null),
-        definition_event_id: hex::encode(r.blob("definition_event_id")?),
-        error_code: r.opt_text("error_code")?,
-        trigger_context: None,
-        channel: None,
-    })
-}
-
-/// One run by id, with its trigger context and channel.
-pub async fn show_run(tx: &mut Tx<'_>, community: &str, run_id: &str) -> Result<Option<RunView>, StoreError> {
-    let row = tx
-        .one(
-            Q::new(
-                "SELECT id, workflow_id, status, current_step, cause_type, cause_id, error, created_at, updated_at, \
-                 trace, definition_event_id, error_code, trigger_context, channel FROM workflow_runs \
-                 WHERE community_id = $1 AND id = $2",
-            )
-            .bind(community)
-            .bind(run_id),
-        )
-        .await?;
-    row.map(|r| {
-        let mut run = run_view(&r, &r.text("trace")?)?;
-        let context = r.text("trigger_context")?;
-        run.trigger_context = Some(serde_json::from_str::<Value>(&context).unwrap_or(Value::Null));
-        run.channel = Some(r.text("channel")?);
-        Ok(run)
-    })
-    .transpose()
 }
 
 #[cfg(test)]
