@@ -39,6 +39,12 @@ pub struct Turn {
 }
 
 impl Turn {
+    /// The same outcome for every delivery of the turn (a handler that
+    /// answers the turn as a whole).
+    pub fn same(&self, outcome: Outcome) -> Vec<Outcome> {
+        vec![outcome; self.items.len()]
+    }
+
     /// The turn's messages as one prompt.
     pub fn prompt(&self) -> String {
         self.items
@@ -145,14 +151,17 @@ impl Handler {
         }
     }
 
-    /// Runs a turn; `cancel` fires when a lease is lost (the turn must stop).
-    pub async fn run(&self, turn: &Turn, ops: &Ops, cancel: &CancellationToken) -> Outcome {
+    /// Runs a turn; `cancel` fires when a lease is lost (the turn must
+    /// stop). One outcome per delivery of the turn, in its order: each
+    /// delivery is finished on its own, so one failure fails no other.
+    pub async fn run(&self, turn: &Turn, ops: &Ops, cancel: &CancellationToken) -> Vec<Outcome> {
         match self {
             Handler::Echo => {
                 if let Err(e) = ops.record("echo", Effect::Read).await {
-                    return Outcome::Retry(format!("recording the operation failed: {e}"));
+                    return turn.same(Outcome::Retry(format!("recording the operation failed: {e}")));
                 }
-                Outcome::Delivered(Some(format!("echo: {}", turn.prompt())))
+                let echo = |i: &TurnItem| Outcome::Delivered(Some(format!("echo: {}", i.message.content)));
+                turn.items.iter().map(echo).collect()
             }
             Handler::Exec {
                 command,
@@ -160,15 +169,16 @@ impl Handler {
                 effect,
             } => exec(command, *timeout, *effect, turn, ops, cancel).await,
             Handler::Acp { runner, timeout } => {
+                // One prompt, one answer: the turn's deliveries share it.
                 let work = runner.turn(&turn.channel, turn.prompt(), ops.clone());
-                tokio::select! {
+                turn.same(tokio::select! {
                     _ = cancel.cancelled() => Outcome::Interrupted("lease lost; turn cancelled".into()),
                     r = tokio::time::timeout(*timeout, work) => match r {
                         Err(_) => Outcome::Interrupted("ACP turn timed out".into()),
                         Ok(Ok(text)) => Outcome::Delivered((!text.trim().is_empty()).then(|| cut(text))),
                         Ok(Err(e)) => Outcome::Interrupted(format!("ACP agent: {e}")),
                     }
-                }
+                })
             }
         }
     }
@@ -185,6 +195,30 @@ fn cut(mut s: String) -> String {
     s
 }
 
+/// Most bytes of a handler's stderr kept in a failure message (its tail).
+pub const MAX_STDERR_TAIL_BYTES: usize = 1000;
+
+/// The `exec` handler's per-delivery answer on stdout:
+/// `{"results": [{"delivery_id", "outcome", "reply"?, "failure_code"?, "failure_message"?}]}`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExecAnswer {
+    results: Vec<ExecResult>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExecResult {
+    delivery_id: String,
+    outcome: protocol::api::Outcome,
+    #[serde(default)]
+    reply: Option<String>,
+    #[serde(default)]
+    failure_code: Option<String>,
+    #[serde(default)]
+    failure_message: Option<String>,
+}
+
 async fn exec(
     command: &[String],
     timeout: Duration,
@@ -192,14 +226,33 @@ async fn exec(
     turn: &Turn,
     ops: &Ops,
     cancel: &CancellationToken,
-) -> Outcome {
+) -> Vec<Outcome> {
     if let Err(e) = ops.record(&format!("exec:{}", command[0]), effect).await {
-        return Outcome::Retry(format!("recording the operation failed: {e}"));
+        return turn.same(Outcome::Retry(format!("recording the operation failed: {e}")));
     }
     if let Err(e) = crate::faults::check("handler:after_record") {
-        return Outcome::Retry(e);
+        return turn.same(Outcome::Retry(e));
     }
-    let input = json!({
+    let input = exec_input(turn);
+    let ran = tokio::select! {
+        _ = cancel.cancelled() => return turn.same(Outcome::Interrupted("lease lost; turn cancelled".into())),
+        r = tokio::time::timeout(timeout, run_command(command, &input)) => match r {
+            Err(_) => return turn.same(Outcome::Interrupted(format!("handler timed out after {timeout:?}"))),
+            Ok(r) => r,
+        },
+    };
+    if let Err(e) = crate::faults::check("handler:after_run") {
+        return turn.same(Outcome::Interrupted(e));
+    }
+    match ran {
+        Ok(ran) => exec_outcomes(turn, &ran),
+        Err(outcome) => turn.same(outcome),
+    }
+}
+
+/// What the `exec` handler reads on stdin: the turn's deliveries.
+fn exec_input(turn: &Turn) -> serde_json::Value {
+    json!({
         "channel": turn.channel,
         "messages": turn.items.iter().map(|i| json!({
             "delivery_id": i.delivery.id,
@@ -212,72 +265,133 @@ async fn exec(
             "trigger_context": i.delivery.trigger_context,
             "execution_trace": i.delivery.execution_trace,
         })).collect::<Vec<_>>(),
-    });
-    let mut child = match tokio::process::Command::new(&command[0])
+    })
+}
+
+/// A finished command: its exit status, stdout (bounded) and stderr tail.
+struct Ran {
+    status: std::process::ExitStatus,
+    stdout: Vec<u8>,
+    stderr_tail: String,
+}
+
+/// Runs the command with `input` on stdin; `Err` is the outcome when it
+/// could not run or be waited for.
+async fn run_command(command: &[String], input: &serde_json::Value) -> Result<Ran, Outcome> {
+    let mut child = tokio::process::Command::new(&command[0])
         .args(&command[1..])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-    {
-        Ok(c) => c,
-        Err(e) => {
-            return Outcome::Failed {
-                code: "handler_failed".into(),
-                message: format!("spawn: {e}"),
-            }
-        }
-    };
+        .map_err(|e| Outcome::Failed {
+            code: "handler_failed".into(),
+            message: format!("could not start {}: {e}", command[0]),
+        })?;
     if let Some(mut stdin) = child.stdin.take() {
         let _ = stdin.write_all(input.to_string().as_bytes()).await;
     }
-    let mut stdout = child.stdout.take();
-    let mut stderr = child.stderr.take();
-    let read_all = async {
-        let mut out = Vec::new();
-        let mut err = Vec::new();
+    let (mut stdout, mut stderr) = (child.stdout.take(), child.stderr.take());
+    let mut out = Vec::new();
+    let mut err = Vec::new();
+    // Both pipes at once, so a chatty stderr cannot block the child's stdout.
+    let read_out = async {
         if let Some(s) = stdout.as_mut() {
             let _ = s.take(MAX_REPLY_BYTES as u64 * 4).read_to_end(&mut out).await;
         }
+    };
+    let read_err = async {
         if let Some(s) = stderr.as_mut() {
-            let _ = s.take(16 * 1024).read_to_end(&mut err).await;
+            let _ = s.take(64 * 1024).read_to_end(&mut err).await;
         }
-        (out, err)
     };
-    let waited = async {
-        let (out, err) = read_all.await;
-        (child.wait().await, out, err)
-    };
-    let (status, out, err) = tokio::select! {
-        _ = cancel.cancelled() => return Outcome::Interrupted("lease lost; turn cancelled".into()),
-        r = tokio::time::timeout(timeout, waited) => match r {
-            Err(_) => return Outcome::Interrupted(format!("handler timed out after {timeout:?}")),
-            Ok(r) => r,
-        },
-    };
-    if let Err(e) = crate::faults::check("handler:after_run") {
-        return Outcome::Interrupted(e);
+    tokio::join!(read_out, read_err);
+    let status = child
+        .wait()
+        .await
+        .map_err(|e| Outcome::Interrupted(format!("waiting for the handler: {e}")))?;
+    Ok(Ran {
+        status,
+        stdout: out,
+        stderr_tail: tail(&String::from_utf8_lossy(&err), MAX_STDERR_TAIL_BYTES),
+    })
+}
+
+/// The last `max` bytes of `s` (at a character boundary), trimmed.
+fn tail(s: &str, max: usize) -> String {
+    let s = s.trim();
+    let mut start = s.len().saturating_sub(max);
+    while !s.is_char_boundary(start) {
+        start += 1;
     }
-    let stderr_tail = String::from_utf8_lossy(&err)
-        .chars()
-        .rev()
-        .take(500)
-        .collect::<String>()
-        .chars()
-        .rev()
-        .collect::<String>();
-    match status.map(|s| s.code()) {
-        Ok(Some(0)) => {
-            let text = cut(String::from_utf8_lossy(&out).trim().to_string());
+    s[start..].to_string()
+}
+
+/// How the command ended, for a failure message.
+fn exit_text(status: std::process::ExitStatus, stderr_tail: &str) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    let how = match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit status {code}"),
+        (None, Some(signal)) => format!("killed by signal {signal}"),
+        (None, None) => "ended without a status".to_string(),
+    };
+    if stderr_tail.is_empty() {
+        how
+    } else {
+        format!("{how}: {stderr_tail}")
+    }
+}
+
+/// The outcomes of a finished command: per delivery when stdout is an
+/// [`ExecAnswer`] (whatever the exit status), else one for the whole
+/// turn from the exit status (0 delivered with stdout as the reply, 75
+/// retry, anything else failed with the stderr tail).
+fn exec_outcomes(turn: &Turn, ran: &Ran) -> Vec<Outcome> {
+    if let Ok(answer) = serde_json::from_slice::<ExecAnswer>(&ran.stdout) {
+        return turn
+            .items
+            .iter()
+            .map(|i| per_delivery(&answer, &i.delivery.id, &ran.stderr_tail))
+            .collect();
+    }
+    turn.same(match ran.status.code() {
+        Some(0) => {
+            let text = cut(String::from_utf8_lossy(&ran.stdout).trim().to_string());
             Outcome::Delivered((!text.is_empty()).then_some(text))
         }
-        Ok(Some(EXIT_RETRY)) => Outcome::Retry(format!("handler asked to retry: {stderr_tail}")),
-        Ok(code) => Outcome::Failed {
+        Some(EXIT_RETRY) => Outcome::Retry(format!("handler asked to retry: {}", ran.stderr_tail)),
+        _ => Outcome::Failed {
             code: "handler_failed".into(),
-            message: format!("exit {code:?}: {stderr_tail}"),
+            message: exit_text(ran.status, &ran.stderr_tail),
         },
-        Err(e) => Outcome::Interrupted(format!("waiting for the handler: {e}")),
+    })
+}
+
+/// One delivery's outcome from a per-delivery answer; a delivery the
+/// answer does not name fails (`no_result`): the handler did not say
+/// what it did with it.
+fn per_delivery(answer: &ExecAnswer, id: &str, stderr_tail: &str) -> Outcome {
+    use protocol::api::Outcome as Wire;
+    let Some(r) = answer.results.iter().find(|r| r.delivery_id == id) else {
+        return Outcome::Failed {
+            code: "no_result".into(),
+            message: "the handler's results do not name this delivery".into(),
+        };
+    };
+    let message = || {
+        r.failure_message
+            .clone()
+            .map(|m| tail(&m, MAX_STDERR_TAIL_BYTES))
+            .unwrap_or_else(|| stderr_tail.to_string())
+    };
+    match r.outcome {
+        Wire::Delivered => Outcome::Delivered(r.reply.clone().filter(|t| !t.trim().is_empty()).map(cut)),
+        Wire::Retry => Outcome::Retry(message()),
+        Wire::Failed => Outcome::Failed {
+            code: r.failure_code.clone().unwrap_or_else(|| "handler_failed".into()),
+            message: message(),
+        },
     }
 }
 
@@ -434,5 +548,121 @@ async fn acp_loop(command: Vec<String>, turns: mpsc::Receiver<AcpTurn>) {
             Err(e) => tracing::warn!(error = %e, "ACP agent connection ended; restarting it"),
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nostr::prelude::{EventBuilder, FinalizeEvent, Keys, Kind};
+    use std::os::unix::process::ExitStatusExt;
+
+    fn turn(ids: &[&str]) -> Turn {
+        let keys = Keys::generate();
+        let item = |id: &&str| TurnItem {
+            delivery: Delivery {
+                id: id.to_string(),
+                workflow_id: "w".into(),
+                run_id: "r".into(),
+                step_id: "s".into(),
+                definition_event_id: String::new(),
+                message_event_id: String::new(),
+                channel: "ops".into(),
+                target_pubkey: String::new(),
+                attempt: 1,
+                claim_token: "t".into(),
+                claim_expires_at: 0,
+                expires_at: 0,
+                trigger_context: json!({}),
+                execution_trace: json!([]),
+            },
+            message: EventBuilder::new(Kind::from_u16(9), format!("msg {id}"))
+                .finalize(&keys)
+                .unwrap(),
+        };
+        Turn {
+            channel: "ops".into(),
+            items: ids.iter().map(item).collect(),
+        }
+    }
+
+    fn ran(code: i32, stdout: &str, stderr: &str) -> Ran {
+        Ran {
+            status: std::process::ExitStatus::from_raw(code << 8),
+            stdout: stdout.as_bytes().to_vec(),
+            stderr_tail: tail(stderr, MAX_STDERR_TAIL_BYTES),
+        }
+    }
+
+    #[test]
+    fn a_per_delivery_answer_gives_each_delivery_its_own_outcome() {
+        let t = turn(&["a", "b", "c", "d"]);
+        let answer = json!({"results": [
+            {"delivery_id": "a", "outcome": "delivered", "reply": "done a"},
+            {"delivery_id": "b", "outcome": "failed", "failure_code": "webhook_refused", "failure_message": "503 from upstream"},
+            {"delivery_id": "c", "outcome": "retry"}]});
+        // Whatever the exit status: the answer says what happened to each.
+        for code in [0, 1] {
+            let got = exec_outcomes(&t, &ran(code, &answer.to_string(), "c: busy"));
+            assert_eq!(
+                got,
+                vec![
+                    Outcome::Delivered(Some("done a".into())),
+                    Outcome::Failed {
+                        code: "webhook_refused".into(),
+                        message: "503 from upstream".into()
+                    },
+                    Outcome::Retry("c: busy".into()),
+                    Outcome::Failed {
+                        code: "no_result".into(),
+                        message: "the handler's results do not name this delivery".into()
+                    },
+                ]
+            );
+        }
+    }
+
+    #[test]
+    fn a_plain_exit_status_answers_the_whole_turn() {
+        let t = turn(&["a", "b"]);
+        assert_eq!(
+            exec_outcomes(&t, &ran(0, "hello\n", "")),
+            t.same(Outcome::Delivered(Some("hello".into())))
+        );
+        assert_eq!(
+            exec_outcomes(&t, &ran(0, "", "")),
+            t.same(Outcome::Delivered(None))
+        );
+        assert_eq!(
+            exec_outcomes(&t, &ran(EXIT_RETRY, "", "later")),
+            t.same(Outcome::Retry("handler asked to retry: later".into()))
+        );
+        let long = format!("{}the end", "x".repeat(5000));
+        let got = exec_outcomes(&t, &ran(3, "{\"not\": \"results\"}", &long));
+        let Outcome::Failed { code, message } = &got[0] else {
+            panic!("{got:?}")
+        };
+        assert_eq!(code, "handler_failed");
+        assert!(
+            message.starts_with("exit status 3: x") && message.ends_with("the end"),
+            "{message}"
+        );
+        assert!(
+            message.len() <= MAX_STDERR_TAIL_BYTES + 20,
+            "bounded: {}",
+            message.len()
+        );
+        let killed = Ran {
+            status: std::process::ExitStatus::from_raw(9),
+            stdout: Vec::new(),
+            stderr_tail: String::new(),
+        };
+        assert_eq!(
+            exec_outcomes(&t, &killed)[1],
+            Outcome::Failed {
+                code: "handler_failed".into(),
+                message: "killed by signal 9".into()
+            }
+        );
     }
 }

@@ -86,6 +86,21 @@ struct Runtime {
 }
 
 /// Fetches the community's relay key (NIP-11 `self`), retrying until shutdown.
+/// What an interrupted handler means for a delivery: a recorded write
+/// may have happened before the handler was stopped, and a retry would
+/// run it a second time, so it fails visibly instead; with no write, a
+/// retry is safe.
+fn after_interruption(outcome: Outcome, wrote: bool) -> Outcome {
+    match outcome {
+        Outcome::Interrupted(why) if wrote => Outcome::Failed {
+            code: "interrupted_after_write".into(),
+            message: format!("stopped after recording a write, not retried: {why}"),
+        },
+        Outcome::Interrupted(why) => Outcome::Retry(why),
+        other => other,
+    }
+}
+
 async fn relay_self(base: &str, shutdown: &CancellationToken, backoff: Backoff) -> Option<PublicKey> {
     let http = reqwest::Client::new();
     for n in 0u32.. {
@@ -397,44 +412,31 @@ impl Runtime {
         }
         let ops = Ops::new(self.api.clone(), &turn);
         tracing::info!(channel, deliveries = turn.items.len(), "running a turn");
-        let outcome = match self.handler.run(&turn, &ops, &cancel).await {
-            // A recorded write may have happened before the handler was
-            // stopped: a retry would run it a second time, so the turn
-            // fails visibly instead.
-            Outcome::Interrupted(why) if ops.wrote() => Outcome::Failed {
-                code: "interrupted_after_write".into(),
-                message: format!("stopped after recording a write, not retried: {why}"),
-            },
-            Outcome::Interrupted(why) => Outcome::Retry(why),
-            other => other,
-        };
+        let outcomes = self.handler.run(&turn, &ops, &cancel).await;
+        debug_assert_eq!(outcomes.len(), batch.len(), "one outcome per delivery");
         cancel.cancel();
-        let reply = match &outcome {
-            Outcome::Delivered(Some(text)) => self.reply_event(channel, &turn, text),
-            _ => None,
-        };
-        for c in &batch {
+        // Each delivery is finished on its own, with its own reply.
+        for (c, outcome) in batch.iter().zip(outcomes) {
             let d = &c.item.delivery;
-            let body = match &outcome {
-                Outcome::Delivered(_) => FinishRequest {
-                    reply: reply.clone(),
+            let body = match after_interruption(outcome, ops.wrote()) {
+                Outcome::Delivered(text) => FinishRequest {
+                    reply: text.and_then(|t| self.reply_event(channel, &c.item.message, &t)),
                     ..finish_body(d, WireOutcome::Delivered, None, None)
                 },
                 Outcome::Retry(why) | Outcome::Interrupted(why) => {
-                    finish_body(d, WireOutcome::Retry, None, Some(why.clone()))
+                    finish_body(d, WireOutcome::Retry, None, Some(why))
                 }
                 Outcome::Failed { code, message } => {
-                    finish_body(d, WireOutcome::Failed, Some(code.clone()), Some(message.clone()))
+                    finish_body(d, WireOutcome::Failed, Some(code), Some(message))
                 }
             };
             self.finish(d, &c.lease, body).await;
         }
     }
 
-    /// The reply: a kind 9 by the agent in the channel, threaded (NIP-10)
-    /// under the last workflow message of the turn.
-    fn reply_event(&self, channel: &str, turn: &Turn, text: &str) -> Option<Event> {
-        let last = &turn.items.last()?.message;
+    /// The reply to one delivery: a kind 9 by the agent in the channel,
+    /// threaded (NIP-10) under that delivery's workflow message.
+    fn reply_event(&self, channel: &str, last: &Event, text: &str) -> Option<Event> {
         let root = last.tags.iter().find(|t| {
             let s = t.as_slice();
             s.len() >= 4 && s[0] == "e" && s[3] == "root"

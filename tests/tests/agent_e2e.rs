@@ -16,6 +16,7 @@ backend_tests!(
     exec_transient_failure_is_retried,
     acp_handler_records_writes_before_they_run,
     one_channel_never_runs_two_turns_at_once,
+    each_delivery_of_a_debounced_turn_has_its_own_outcome,
 );
 
 const FAST: &str = "[deliveries]\nretry_base_secs = 1\nretry_cap_secs = 2\nsweep_interval_ms = 200\n\
@@ -480,4 +481,83 @@ async fn one_channel_never_runs_two_turns_at_once(backend: Backend) {
     }
     assert!(turns >= 1 && !open);
     let _ = Tag::custom("x", ["y"]);
+}
+
+async fn each_delivery_of_a_debounced_turn_has_its_own_outcome(backend: Backend) {
+    let relay = start(&backend);
+    let mut fx = Fixture::new(&relay, "ops", 1).await;
+    let turns = relay.store.dir.path().join("turns.log");
+    let handler = format!(
+        "type = \"exec\"\ncommand = [\"{}\", \"{}\"]\ntimeout_secs = 10",
+        tests::workspace_bin("exec_results").display(),
+        turns.display()
+    );
+    let agent_keys = fx.agents[0].clone();
+    // A long debounce: the three deliveries of the channel make one turn.
+    let agent = AgentProc::start(&relay, &agent_keys, &fx.owner, &handler, "debounce_ms = 2000");
+    agent.wait_subscribed().await;
+    fx.define(
+        "hook",
+        &on_message(&format!("{} deliver {{{{trigger.text}}}}", fx.mention(0))),
+    )
+    .await;
+    for text in ["one", "the flaky one", "three"] {
+        fx.post(text).await;
+    }
+    let ended = |r: &Value| r["status"] == "delivered" || r["status"] == "failed";
+    let mut rows = Vec::new();
+    for _ in 0..200 {
+        rows = deliveries(&relay);
+        if rows.len() == 3 && rows.iter().all(ended) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        std::fs::read_to_string(&turns).unwrap(),
+        "3\n",
+        "one turn of three deliveries"
+    );
+    // One failure failed no other, and kept its own code and message.
+    let failed: Vec<&Value> = rows.iter().filter(|r| r["status"] == "failed").collect();
+    assert_eq!(failed.len(), 1, "{rows:?}");
+    assert_eq!(failed[0]["failure_code"], "webhook_refused", "{rows:?}");
+    let message = failed[0]["failure_message"].as_str().unwrap();
+    assert!(
+        message.starts_with("the flaky webhook said no to: ") && message.ends_with("deliver the flaky one"),
+        "{message}"
+    );
+    assert_eq!(
+        rows.iter().filter(|r| r["status"] == "delivered").count(),
+        2,
+        "{rows:?}"
+    );
+    // Each delivered one has its own reply, threaded under its own message.
+    let mut c = Client::connect(&relay.ws_url()).await;
+    let replies = c
+        .req(
+            "r",
+            vec![json!({"kinds": [9], "authors": [agent_keys.public_key().to_hex()]})],
+        )
+        .await
+        .events();
+    assert_eq!(replies.len(), 2, "{replies:?}");
+    for r in rows.iter().filter(|r| r["status"] == "delivered") {
+        let reply = replies
+            .iter()
+            .find(|e| e.id.to_hex() == r["reply_event_id"].as_str().unwrap())
+            .expect("the row's reply is stored");
+        let threaded = tags_named(reply, "e");
+        assert_eq!(
+            threaded[0][1],
+            r["message_event_id"].as_str().unwrap(),
+            "{reply:?}"
+        );
+        assert!(reply.content.starts_with("ok: "), "{}", reply.content);
+    }
+    let texts: std::collections::BTreeSet<&str> = replies
+        .iter()
+        .map(|e| e.content.rsplit(' ').next().unwrap())
+        .collect();
+    assert_eq!(texts.into_iter().collect::<Vec<_>>(), ["one", "three"]);
 }

@@ -731,7 +731,8 @@ async fn retry_backoff_and_attempt_cap(backend: Backend) {
             agent,
             "POST",
             &format!("/deliveries/{id}/finish"),
-            Some(&json!({"claim_token": d["claim_token"], "outcome": "retry"})),
+            Some(&json!({"claim_token": d["claim_token"], "outcome": "retry",
+                         "failure_message": format!("upstream busy on attempt {attempt}")})),
         )
         .await;
         assert_eq!(status, 200);
@@ -760,6 +761,8 @@ async fn retry_backoff_and_attempt_cap(backend: Backend) {
         } else {
             assert_eq!(v["status"], "failed");
             assert_eq!(row["failure_code"], "attempts_exhausted");
+            // The last attempt's own message is kept.
+            assert_eq!(row["failure_message"], "upstream busy on attempt 3", "{row}");
         }
     }
     assert_eq!(due_at, vec![1, 2]);

@@ -751,7 +751,9 @@ async fn transition_row(
             return Ok((Status::Pending, None));
         }
         Transition::Fail(Failure::Agent) => (Status::Failed, agent.0, agent.1),
-        Transition::Fail(f) => (Status::Failed, f.code().unwrap_or("failed"), None),
+        // Out of attempts after a retry: the agent's own message says why
+        // the last attempt did not work (it used to be dropped).
+        Transition::Fail(f) => (Status::Failed, f.code().unwrap_or("failed"), agent.1),
         Transition::Expire => (Status::Expired, "expired", None),
         Transition::Stays => return Ok((d.status, None)),
         other => unreachable!("not an ending of an attempt: {other:?}"),
