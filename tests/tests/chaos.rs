@@ -31,6 +31,9 @@ fn campaign(args: &[&str]) {
         "replies_without_delivered=0",
         "delivered_without_reply=0",
         "stuck=0",
+        "runs_stuck=0",
+        "runs_advanced_twice=0",
+        "runs_without_final=0",
     ] {
         assert!(summary.contains(&format!(" {bad} ")), "{summary}");
     }
@@ -50,7 +53,7 @@ fn campaign(args: &[&str]) {
 fn short_campaign_sqlite() {
     campaign(&[
         "--trials",
-        "20",
+        "24",
         "--backend",
         "sqlite",
         "--parallel",
@@ -69,7 +72,7 @@ fn short_campaign_postgres() {
     }
     campaign(&[
         "--trials",
-        "20",
+        "24",
         "--backend",
         "postgres",
         "--parallel",

@@ -19,6 +19,9 @@ backend_tests!(
     an_ask_times_out_and_no_agent_fails_at_once,
     a_delay_fires_once_across_sigkill_and_two_processes,
     v2_definitions_are_validated_at_publish,
+    a_cron_slot_fires_once_with_two_processes,
+    all_waits_for_every_reply_even_when_they_finish_at_once,
+    finishes_of_two_runs_at_once_all_succeed,
 );
 
 const FAST: &str = "[deliveries]\nretry_base_secs = 1\nretry_cap_secs = 2\nsweep_interval_ms = 200\n\
@@ -431,5 +434,137 @@ async fn v2_definitions_are_validated_at_publish(backend: Backend) {
         let ev = tests::workflow::definition(&fx.owner, "bad", "ops", &def);
         let (ok, msg) = c.publish(&ev).await;
         assert!(!ok && msg.starts_with(want), "{want}: {msg}");
+    }
+}
+
+async fn a_cron_slot_fires_once_with_two_processes(backend: Backend) {
+    let store = Store::new(&backend);
+    let a = Relay::start_with(store.clone(), options());
+    let b = Relay::start_with(store.clone(), options());
+    let mut fx = Fixture::new(&a, "ops", 0).await;
+    fx.define(
+        "minutely",
+        &json!({"name": "minutely", "trigger": {"on": "schedule", "cron": "* * * * *", "timezone": "America/New_York"},
+                "steps": [{"id": "tick", "action": "send_message", "text": "tick"}]}),
+    )
+    .await;
+    // The first full minute after publishing fires (at most 60 s away).
+    let mut runs = Vec::new();
+    for _ in 0..750 {
+        runs = a
+            .cli(&["runs", "list", "--workflow", "minutely"])
+            .lines()
+            .map(str::to_string)
+            .collect();
+        if !runs.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!runs.is_empty(), "no slot fired within 75 s");
+    let first: Value = serde_json::from_str(&runs[runs.len() - 1]).unwrap();
+    let slot = first["cause"]["id"].as_str().unwrap().to_string();
+    // Both processes kept polling the schedule meanwhile: still one run
+    // and one message for that slot.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let slots: Vec<String> = b
+        .cli(&["runs", "list", "--workflow", "minutely"])
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["cause"]["id"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(slots.iter().filter(|s| **s == slot).count(), 1, "{slots:?}");
+    let msgs = relay_messages(&b, &fx).await;
+    let ticks = msgs.iter().filter(|m| m.content == "tick").count();
+    assert_eq!(ticks, slots.len(), "one message per run: {slots:?}");
+}
+
+async fn all_waits_for_every_reply_even_when_they_finish_at_once(backend: Backend) {
+    let relay = Relay::start_opts(&backend, options());
+    let mut fx = Fixture::new(&relay, "ops", 3).await;
+    let mentions: Vec<String> = (0..3).map(|i| fx.mention(i)).collect();
+    fx.define(
+        "all",
+        &json!({"name": "all", "trigger": {"on": "manual"}, "steps": [
+            {"id": "ask", "action": "ask_agent", "text": format!("{} report", mentions.join(" "))},
+            {"id": "after", "action": "send_message", "text": "{{steps.ask.output.status}}"}]}),
+    )
+    .await;
+    for round in 0..3 {
+        let run_id = start_run(&relay, &fx.owner, "all", json!({"round": round})).await;
+        let mut claimed = Vec::new();
+        for a in &fx.agents {
+            claimed.push(claim_when_due(&relay, a, json!({})).await);
+        }
+        let finish_one = |i: usize| {
+            let (agent, d) = (fx.agents[i].clone(), claimed[i].clone());
+            let relay = &relay;
+            async move {
+                let body = json!({"claim_token": d["claim_token"], "outcome": "delivered",
+                                  "reply": reply(&agent, "ops", &format!("agent {i} round {round}"))});
+                finish(relay, &agent, d["id"].as_str().unwrap(), &body).await
+            }
+        };
+        // One answer: the run still waits. Then the last two at once: the
+        // run wakes (neither may take the other for still open).
+        let a = finish_one(0).await;
+        assert_eq!(a.0, 200, "{a:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (_, run) = get_run(&relay, &fx.owner, &run_id).await;
+        assert_eq!(run["status"], "waiting", "{run}");
+        let (b, c) = tokio::join!(finish_one(1), finish_one(2));
+        assert_eq!((b.0, c.0), (200, 200), "{b:?} {c:?}");
+        let run = run_until(&relay, &fx.owner, &run_id, 10, ended).await;
+        assert_eq!(run["status"], "completed", "{run}");
+        let replies = run["steps"][0]["output"]["replies"].as_array().unwrap();
+        assert_eq!(replies.len(), 3, "{run}");
+        assert!(replies.iter().all(|r| r["status"] == "delivered"), "{run}");
+    }
+}
+
+async fn finishes_of_two_runs_at_once_all_succeed(backend: Backend) {
+    // Every agent answers both runs at once: with several call writers
+    // side by side (PostgreSQL), no finish may wait on another writer's
+    // batch for a run (a cycle there failed finishes after 1 s).
+    let relay = Relay::start_opts(&backend, options());
+    let mut fx = Fixture::new(&relay, "ops", 8).await;
+    let mentions: Vec<String> = (0..8).map(|i| fx.mention(i)).collect();
+    fx.define(
+        "both",
+        &json!({"name": "both", "trigger": {"on": "manual"}, "steps": [
+            {"id": "ask", "action": "ask_agent", "text": format!("{} report", mentions.join(" "))}]}),
+    )
+    .await;
+    for round in 0..3 {
+        let runs = [
+            start_run(&relay, &fx.owner, "both", json!({"r": round, "n": 1})).await,
+            start_run(&relay, &fx.owner, "both", json!({"r": round, "n": 2})).await,
+        ];
+        let mut claimed = Vec::new();
+        for a in &fx.agents {
+            for _ in 0..2 {
+                claimed.push((a.clone(), claim_when_due(&relay, a, json!({})).await));
+            }
+        }
+        // Opposite orders for half of the agents.
+        claimed.sort_by_key(|(a, d)| {
+            (d["run_id"].as_str().unwrap() == runs[0]) ^ (a.public_key().to_hex() < hex(&fx.agents[4]))
+        });
+        let finishes = claimed.iter().map(|(agent, d)| {
+            let body = json!({"claim_token": d["claim_token"], "outcome": "delivered",
+                              "reply": reply(agent, "ops", "done")});
+            let relay = &relay;
+            async move { finish(relay, agent, d["id"].as_str().unwrap(), &body).await }
+        });
+        let answers = futures_util::future::join_all(finishes).await;
+        assert!(answers.iter().all(|(status, _)| *status == 200), "{answers:?}");
+        for run_id in &runs {
+            let run = run_until(&relay, &fx.owner, run_id, 10, ended).await;
+            assert_eq!(run["status"], "completed", "{run}");
+        }
     }
 }

@@ -714,7 +714,10 @@ async fn apply(
     let (status, notice) = transition_row(tx, community, keys, d, decided, agent, now).await?;
     // The run waiting for this row looks again, from committed state.
     let ended = status.is_terminal() && status != d.status;
-    let poked = d.awaited && ended && super::runs::poke(tx, community, &d.run_id, now).await?;
+    let poked = d.awaited && ended;
+    if poked {
+        super::runs::poke(tx, community, &d.run_id, &d.id).await?;
+    }
     Ok(Applied {
         status,
         notice,

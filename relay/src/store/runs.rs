@@ -11,8 +11,10 @@
 //! A step that waits (`ask_agent`, `delay`) leaves the run `waiting` with
 //! `wake_at`, when the engine looks at it again: the delay's end, or the
 //! ask's timeout. A finish that ends one of an `ask_agent` step's rows
-//! pokes the run in the finish's own transaction (`poke`: `wake_at = now`,
-//! `wakes + 1`), so the engine resumes it from committed state: the
+//! records a wake for the run in the finish's own transaction (`poke`: a
+//! row of `workflow_run_wakes`; it never touches the run's row, which
+//! call writers side by side would wait on in cycles), so the engine
+//! resumes the run from committed state: the
 //! replies are the rows' committed replies, read once under the run's
 //! lock when the step ends, and the step ends once, because ending it
 //! moves the run off `waiting` in the same transaction.
@@ -98,7 +100,6 @@ struct RunRow {
     trace: Vec<TraceEntry>,
     step_started_at: Option<i64>,
     wake_at: Option<i64>,
-    wakes: i64,
 }
 
 impl RunRow {
@@ -121,7 +122,7 @@ async fn load_run(tx: &mut Tx<'_>, community: &str, run_id: &str) -> Result<Opti
         .one(
             Q::new(
                 "SELECT workflow_id, definition_event_id, channel, owner, cause_type, cause_id, status, \
-                 current_step, trigger_context, trace, step_started_at, wake_at, wakes \
+                 current_step, trigger_context, trace, step_started_at, wake_at \
                  FROM workflow_runs WHERE community_id = $1 AND id = $2",
             )
             .bind(community)
@@ -144,7 +145,6 @@ async fn load_run(tx: &mut Tx<'_>, community: &str, run_id: &str) -> Result<Opti
         trace: json_of(&r.text("trace")?)?,
         step_started_at: r.opt_int("step_started_at")?,
         wake_at: r.opt_int("wake_at")?,
-        wakes: r.int("wakes")?,
     }))
 }
 
@@ -198,21 +198,40 @@ async fn end_run(
     Ok(())
 }
 
-/// Wakes a waiting run at once: one of its current step's deliveries
-/// ended (called in the transaction that ends it).
-pub async fn poke(tx: &mut Tx<'_>, community: &str, run_id: &str, now: i64) -> Result<bool, StoreError> {
-    let n = tx
-        .exec(
-            Q::new(
-                "UPDATE workflow_runs SET wake_at = $3, wakes = wakes + 1 \
-                 WHERE community_id = $1 AND id = $2 AND status = 'waiting'",
-            )
-            .bind(community)
-            .bind(run_id)
-            .bind(now),
+/// One of a waiting run's current-step deliveries ended (called in the
+/// transaction that ends it): the engine looks at the run now. One wake
+/// row per delivery (a delivery ends once), so two finishes never write
+/// the same row.
+pub async fn poke(
+    tx: &mut Tx<'_>,
+    community: &str,
+    run_id: &str,
+    delivery_id: &str,
+) -> Result<(), StoreError> {
+    tx.exec(
+        Q::new(
+            "INSERT INTO workflow_run_wakes (community_id, run_id, delivery_id) VALUES ($1, $2, $3) \
+             ON CONFLICT DO NOTHING",
         )
-        .await?;
-    Ok(n > 0)
+        .bind(community)
+        .bind(run_id)
+        .bind(delivery_id),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Takes a run's wakes (the engine is looking at it now); returns how many
+/// there were. Deleted before the step's rows are read: a wake committed
+/// after this statement stays for the next look, and one committed before
+/// it came with its row's end, which the read then sees.
+async fn take_wakes(tx: &mut Tx<'_>, community: &str, run_id: &str) -> Result<u64, StoreError> {
+    tx.exec(
+        Q::new("DELETE FROM workflow_run_wakes WHERE community_id = $1 AND run_id = $2")
+            .bind(community)
+            .bind(run_id),
+    )
+    .await
 }
 
 /// What a step's message is bound to.
@@ -282,10 +301,9 @@ fn sign_message(
 
 /// What a step execution decided for the run.
 enum Next {
-    /// The step began waiting, until `wake_at`.
+    /// The step began waiting, until `wake_at` at most.
     Wait { wake_at: i64 },
-    /// The step still waits; look again at `wake_at` (unless a finish
-    /// poked the run meanwhile).
+    /// The step still waits, until `wake_at` at most (or a wake).
     StillWaiting { wake_at: i64 },
     /// The step ended (done, skipped, or failed with `continue`): on to
     /// the next one.
@@ -394,12 +412,15 @@ async fn due_run(
     run_id: &str,
     now: i64,
 ) -> Result<Option<(RunRow, Definition)>, StoreError> {
+    // Whatever the run's state: a wake left for a run that moved on would
+    // list it again on every pass.
+    let woken = take_wakes(tx, community, run_id).await? > 0;
     let Some(run) = load_run(tx, community, run_id).await? else {
         return Ok(None);
     };
     let due = match run.status {
         RunStatus::Running => true,
-        RunStatus::Waiting => run.wake_at.is_some_and(|w| w <= now),
+        RunStatus::Waiting => woken || run.wake_at.is_some_and(|w| w <= now),
         _ => false,
     };
     if !due {
@@ -558,6 +579,9 @@ async fn resume(tx: &mut Tx<'_>, c: &StepCtx<'_>) -> Result<Next, StoreError> {
             let Some(status) = decide(*wait, &statuses, c.now >= deadline) else {
                 return Ok(Next::StillWaiting { wake_at: deadline });
             };
+            // Test-only: die in the transaction that ends the step (after
+            // the finish that woke it committed, before the run moves on).
+            faults::check("ask:before_end")?;
             let cancel_code = if status == AskStatus::TimedOut {
                 "step_timeout"
             } else {
@@ -755,16 +779,11 @@ async fn record(tx: &mut Tx<'_>, c: &StepCtx<'_>, next: Next) -> Result<bool, St
             Ok(false)
         }
         Next::StillWaiting { wake_at } => {
-            // Unless a finish poked the run since it was read.
             tx.exec(
-                Q::new(
-                    "UPDATE workflow_runs SET wake_at = $3 WHERE community_id = $1 AND id = $2 \
-                     AND status = 'waiting' AND wakes = $4",
-                )
-                .bind(c.community)
-                .bind(c.run_id)
-                .bind(wake_at)
-                .bind(c.run.wakes),
+                Q::new("UPDATE workflow_runs SET wake_at = $3 WHERE community_id = $1 AND id = $2")
+                    .bind(c.community)
+                    .bind(c.run_id)
+                    .bind(wake_at),
             )
             .await?;
             Ok(false)
@@ -1008,8 +1027,9 @@ async fn insert_rows(
     tx.all(q).await?.iter().map(|r| r.id32(0)).collect()
 }
 
-/// Runs with a step to execute now, oldest first: the running ones, then
-/// the waiting ones whose `wake_at` passed (by the database's clock).
+/// Runs with a step to execute now, oldest first: the running ones, the
+/// waiting ones whose `wake_at` passed (by the database's clock), then
+/// the ones a finish woke.
 /// Single statements, so they need no transaction (the engine asks after
 /// every trigger; a read transaction around them was two round trips more
 /// each time).
@@ -1042,6 +1062,23 @@ pub async fn due_runs(pool: &Pool, community: &str, limit: u32) -> Result<Vec<St
         .await?;
     for r in &waiting {
         ids.push(r.text(0)?);
+    }
+    let room = limit.saturating_sub(u32::try_from(ids.len()).unwrap_or(u32::MAX));
+    if room == 0 {
+        return Ok(ids);
+    }
+    let woken = pool
+        .all(
+            Q::new("SELECT DISTINCT run_id FROM workflow_run_wakes WHERE community_id = $1 LIMIT $2")
+                .bind(community)
+                .bind(i64::from(room)),
+        )
+        .await?;
+    for r in &woken {
+        let id = r.text(0)?;
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
     }
     Ok(ids)
 }

@@ -31,8 +31,8 @@ struct Args {
     /// Another relay to run the same load against (ingest, query, fan-out).
     #[arg(long)]
     peer: Option<String>,
-    /// Figures to run (comma separated): ingest,query,fanout,delivery,memory.
-    #[arg(long, default_value = "ingest,query,fanout,delivery,memory")]
+    /// Figures to run (comma separated): ingest,query,fanout,delivery,pipeline,memory.
+    #[arg(long, default_value = "ingest,query,fanout,delivery,pipeline,memory")]
     only: String,
     /// Rounds per figure (default 3 quick, 5 full).
     #[arg(long)]
@@ -723,19 +723,7 @@ async fn delivery(relay: &Relay, rounds: usize, quick: bool, rate: u32) {
             &on_message(&format!("{} go {{{{trigger.text}}}}", mentions.join(" "))),
         )
         .await;
-        let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, String)>();
-        let http = format!("http://{}", relay.addr);
-        let mut ready = Vec::new();
-        for a in fx.agents.clone() {
-            let (url, http, done_tx, channel) =
-                (relay.ws_url(), http.clone(), done_tx.clone(), channel.clone());
-            let (rtx, rrx) = tokio::sync::oneshot::channel();
-            ready.push(rrx);
-            tokio::spawn(simulated_agent(url, http, a, channel, done_tx, rtx));
-        }
-        for r in ready {
-            let _ = r.await;
-        }
+        let mut done_rx = start_agents(relay, &fx.agents, &channel).await;
         let cpu_before = (
             relay.pid().map(|p| cpu_secs(p, false)),
             pg_pid.map(|p| cpu_secs(p, true)),
@@ -809,6 +797,127 @@ async fn delivery(relay: &Relay, rounds: usize, quick: bool, rate: u32) {
         median(p50_v),
         median(p99_v)
     );
+}
+
+/// Starts one simulated agent per key, each subscribed to its wakes;
+/// returns the channel on which they report each finished delivery
+/// (when they claimed it, and its trigger's text).
+async fn start_agents(
+    relay: &Relay,
+    agents: &[Keys],
+    channel: &str,
+) -> tokio::sync::mpsc::UnboundedReceiver<(Instant, String)> {
+    let (done_tx, done_rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, String)>();
+    let http = format!("http://{}", relay.addr);
+    let mut ready = Vec::new();
+    for a in agents.iter().cloned() {
+        let (url, http, done_tx, channel) =
+            (relay.ws_url(), http.clone(), done_tx.clone(), channel.to_string());
+        let (rtx, rrx) = tokio::sync::oneshot::channel();
+        ready.push(rrx);
+        tokio::spawn(simulated_agent(url, http, a, channel, done_tx, rtx));
+    }
+    for r in ready {
+        let _ = r.await;
+    }
+    done_rx
+}
+
+/// Agents asked by every run of the pipeline figure.
+const PIPELINE_AGENTS: usize = 20;
+
+/// The three-step workflow end to end: each trigger's run asks all
+/// [`PIPELINE_AGENTS`] agents (`ask_agent`, waiting for every reply),
+/// posts a summary quoting them when every reply checks out (`if`,
+/// `send_message`), and skips the escalation (`if` false). Runs per second over back-to-back triggers, and
+/// the time from sending the trigger to the final message reaching a
+/// subscriber.
+async fn pipeline(relay: &Relay, rounds: usize, quick: bool) {
+    use tests::workflow::Fixture;
+    let runs_n = if quick { 20 } else { 50 };
+    let (mut rates, mut p50s, mut p99s) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..=rounds {
+        let warm_up = round == 0;
+        let n = if warm_up { 5 } else { runs_n };
+        let channel = format!("pipe-{round}");
+        let mut fx = Fixture::new(relay, &channel, PIPELINE_AGENTS).await;
+        let mentions: Vec<String> = (0..PIPELINE_AGENTS).map(|i| fx.mention(i)).collect();
+        fx.define(
+            &format!("pipe{round}"),
+            &json!({"name": "pipeline", "trigger": {"on": "message_posted"}, "steps": [
+                {"id": "ask", "action": "ask_agent", "text": format!("{} look at {{{{trigger.text}}}}", mentions.join(" "))},
+                {"id": "summary", "action": "send_message", "if": "steps.ask.output.replies.all(r, r.text == 'ack')",
+                 "text": "summary of {{trigger.text}}: {{steps.ask.output.reply}}"},
+                {"id": "escalate", "action": "send_message", "if": "steps.ask.output.replies.exists(r, r.text != 'ack')",
+                 "text": "escalating {{trigger.text}}"}]}),
+        )
+        .await;
+        let _done_rx = start_agents(relay, &fx.agents, &channel).await;
+        let finals = watch_finals(relay, &channel, &fx.relay_pk, n).await;
+        let start = Instant::now();
+        let mut sent_at = std::collections::HashMap::new();
+        for i in 0..n {
+            let text = format!("run{round}-{i}");
+            // The clock starts when the trigger is sent, not at its OK.
+            sent_at.insert(text.clone(), Instant::now());
+            fx.post(&text).await;
+        }
+        let arrived = tokio::time::timeout(Duration::from_secs(300), finals)
+            .await
+            .expect("every run's final message within 300 s")
+            .expect("watcher");
+        let secs = start.elapsed().as_secs_f64();
+        if warm_up {
+            continue;
+        }
+        let mut lat: Vec<f64> = arrived
+            .iter()
+            .filter_map(|(at, text)| {
+                sent_at
+                    .get(text)
+                    .map(|s| at.duration_since(*s).as_secs_f64() * 1000.0)
+            })
+            .collect();
+        assert_eq!(lat.len(), n, "a final message for every run");
+        lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        rates.push(n as f64 / secs);
+        p50s.push(percentile(&lat, 0.5));
+        p99s.push(percentile(&lat, 0.99));
+    }
+    println!(
+        "pipeline: {:.1} runs/s (ask_agent to {PIPELINE_AGENTS} agents -> if on their replies -> send_message, a skipped step), \
+         trigger sent to final message p50 {:.1} ms, p99 {:.1} ms",
+        median(rates),
+        median(p50s),
+        median(p99s)
+    );
+}
+
+/// A subscriber to the relay's messages in `channel`: resolves with the
+/// arrival time and trigger text of the first `n` summaries.
+async fn watch_finals(
+    relay: &Relay,
+    channel: &str,
+    relay_pk: &str,
+    n: usize,
+) -> tokio::task::JoinHandle<Vec<(Instant, String)>> {
+    let mut c = tests::Client::connect(&relay.ws_url()).await;
+    c.req(
+        "fin",
+        vec![json!({"kinds": [9], "#h": [channel], "authors": [relay_pk], "limit": 0})],
+    )
+    .await;
+    tokio::spawn(async move {
+        let mut got = Vec::with_capacity(n);
+        while got.len() < n {
+            let e = c.next_event("fin").await;
+            if let Some(rest) = e.content.strip_prefix("summary of ") {
+                let text = rest.split(':').next().unwrap_or_default().to_string();
+                got.push((Instant::now(), text));
+            }
+        }
+        got
+    })
 }
 
 /// Posts `n` triggers (one every `interval`, or each as soon as the previous
@@ -1028,6 +1137,9 @@ async fn main() {
     }
     if only.contains(&"delivery") {
         delivery(&relay, rounds, args.quick, args.delivery_rate).await;
+    }
+    if only.contains(&"pipeline") {
+        pipeline(&relay, rounds, args.quick).await;
     }
     if only.contains(&"query") {
         query(&targets, &relay, rounds, args.quick, args.latency_log.clone()).await;

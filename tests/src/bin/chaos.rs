@@ -20,7 +20,7 @@ use serde_json::Value;
 use tests::agent::AgentProc;
 use tests::pg::PgServer;
 use tests::relay::Store;
-use tests::workflow::{on_message, Fixture};
+use tests::workflow::Fixture;
 use tests::{Backend, Relay, RelayOptions};
 
 #[derive(Parser, Debug)]
@@ -56,10 +56,15 @@ enum Point {
     RelayBetweenStepAndWake,
     RelayInStepTransaction,
     RelayDuringSweep,
+    /// In the transaction that ends an `ask_agent` step, after the finish
+    /// that woke the run committed.
+    RelayBetweenFinishAndAdvance,
+    /// In the transaction that fires a `delay`.
+    RelayAtTimerFiring,
     Random,
 }
 
-const POINTS: [Point; 10] = [
+const POINTS: [Point; 12] = [
     Point::AgentBeforeClaim,
     Point::AgentAfterClaim,
     Point::AgentAfterRecordedWrite,
@@ -69,6 +74,8 @@ const POINTS: [Point; 10] = [
     Point::RelayBetweenStepAndWake,
     Point::RelayInStepTransaction,
     Point::RelayDuringSweep,
+    Point::RelayBetweenFinishAndAdvance,
+    Point::RelayAtTimerFiring,
     Point::Random,
 ];
 
@@ -97,6 +104,8 @@ impl Point {
             Point::RelayBetweenStepAndWake => ("relay", "wake:before_send=kill*1"),
             Point::RelayInStepTransaction => ("relay", "step:after_rows=kill*1"),
             Point::RelayDuringSweep => ("relay", "sweep:after_transition=kill*1"),
+            Point::RelayBetweenFinishAndAdvance => ("relay", "ask:before_end=kill*1"),
+            Point::RelayAtTimerFiring => ("relay", "delay:before_fire=kill*1"),
             Point::Random => return None,
         })
     }
@@ -114,6 +123,14 @@ struct Counts {
     replies_without_delivered: usize,
     delivered_without_reply: usize,
     stuck: usize,
+    /// Runs of the trial that ended (completed, or failed/cancelled with a code).
+    runs_ended: usize,
+    /// Runs still running or waiting when the trial settled.
+    runs_stuck: usize,
+    /// Runs whose step ran twice (two final messages, or a step twice in the trace).
+    runs_advanced_twice: usize,
+    /// Completed runs without their final message.
+    runs_without_final: usize,
     kills: usize,
     points_reached: HashMap<String, (usize, usize)>,
 }
@@ -130,6 +147,10 @@ impl Counts {
         self.replies_without_delivered += o.replies_without_delivered;
         self.delivered_without_reply += o.delivered_without_reply;
         self.stuck += o.stuck;
+        self.runs_ended += o.runs_ended;
+        self.runs_stuck += o.runs_stuck;
+        self.runs_advanced_twice += o.runs_advanced_twice;
+        self.runs_without_final += o.runs_without_final;
         self.kills += o.kills;
         for (k, (a, b)) in &o.points_reached {
             let e = self.points_reached.entry(k.clone()).or_default();
@@ -145,6 +166,9 @@ impl Counts {
             + self.replies_without_delivered
             + self.delivered_without_reply
             + self.stuck
+            + self.runs_stuck
+            + self.runs_advanced_twice
+            + self.runs_without_final
     }
 }
 
@@ -196,9 +220,14 @@ async fn lane(backend: &Backend, two_relays: bool) -> Lane {
         relays.push(Relay::start_with(store.clone(), opts));
     }
     let mut fx = Fixture::new(&relays[0], "chaos", 1).await;
+    // The run waits for the agent's answer, then for a timer, then posts
+    // the answer: every kind of wait a run has, with a side effect at the end.
     fx.define(
         "chaos",
-        &on_message(&format!("{} work on {{{{trigger.text}}}}", fx.mention(0))),
+        &serde_json::json!({"name": "chaos", "trigger": {"on": "message_posted"}, "steps": [
+            {"id": "ask", "action": "ask_agent", "text": format!("{} work on {{{{trigger.text}}}}", fx.mention(0))},
+            {"id": "pause", "action": "delay", "secs": 1},
+            {"id": "final", "action": "send_message", "text": "finished {{trigger.text}}: {{steps.ask.output.reply}}"}]}),
     )
     .await;
     let (handler, side_log) = handler_script(&store);
@@ -449,6 +478,61 @@ async fn check(lane: &Lane, tag: &str, acked: &[String], c: &mut Counts) {
             _ => c.stuck += 1,
         }
     }
+    check_runs(lane, tag, c).await;
+}
+
+/// Waits for the trial's runs to end, then checks each: nothing stuck
+/// running or waiting, no step run twice, a completed run posted its
+/// final message once, a run that did not complete says why.
+async fn check_runs(lane: &Lane, tag: &str, c: &mut Counts) {
+    let store = &lane.store;
+    let q = format!(
+        "SELECT id, status, COALESCE(error_code, ''), trace FROM workflow_runs WHERE trigger_context LIKE '%\"{tag}%'"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let runs: Vec<Vec<String>> = loop {
+        let runs: Vec<Vec<String>> = store
+            .sql_retrying(&q)
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(|l| l.splitn(4, '|').map(str::to_string).collect())
+            .collect();
+        let open = runs
+            .iter()
+            .any(|r| matches!(r[1].as_str(), "running" | "waiting"));
+        if !open || Instant::now() > deadline {
+            break runs;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    for r in &runs {
+        let (id, status, code, trace) = (&r[0], r[1].as_str(), r[2].as_str(), &r[3]);
+        let steps: Vec<String> = serde_json::from_str::<Value>(trace)
+            .ok()
+            .and_then(|t| t.as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|e| e["step"].as_str().map(str::to_string))
+            .collect();
+        let mut unique = steps.clone();
+        unique.sort();
+        unique.dedup();
+        let finals = store.sql_retrying(&format!(
+            "SELECT COUNT(*) FROM events WHERE kind = 9 AND raw LIKE '%[\"workflow-run\",\"{id}\"]%' \
+             AND raw LIKE '%[\"workflow-step\",\"final\"]%'"
+        ));
+        let finals: usize = finals.trim().parse().unwrap_or(0);
+        if unique.len() != steps.len() || finals > 1 {
+            c.runs_advanced_twice += 1;
+        }
+        match status {
+            "running" | "waiting" => c.runs_stuck += 1,
+            "completed" if finals == 1 => c.runs_ended += 1,
+            "completed" => c.runs_without_final += 1,
+            _ if !code.is_empty() => c.runs_ended += 1,
+            _ => c.runs_stuck += 1,
+        }
+    }
 }
 
 fn hex_expr(store: &Store, col: &str) -> String {
@@ -541,7 +625,8 @@ async fn main() {
     reached.sort();
     println!(
         "chaos backend={} trials={} deliveries={} delivered={} visible_failures={} lost={} duplicate_side_effects={} \
-         duplicate_replies={} replies_without_delivered={} delivered_without_reply={} stuck={} kills={} pg_restarts={} pg_terminations={} seconds={}",
+         duplicate_replies={} replies_without_delivered={} delivered_without_reply={} stuck={} runs_ended={} \
+         runs_stuck={} runs_advanced_twice={} runs_without_final={} kills={} pg_restarts={} pg_terminations={} seconds={}",
         args.backend,
         total.trials,
         total.deliveries,
@@ -553,6 +638,10 @@ async fn main() {
         total.replies_without_delivered,
         total.delivered_without_reply,
         total.stuck,
+        total.runs_ended,
+        total.runs_stuck,
+        total.runs_advanced_twice,
+        total.runs_without_final,
         total.kills,
         pg_restarts,
         pg_terminations,
