@@ -261,47 +261,15 @@ impl Checker<'_, '_> {
             return Ok(Ty::Dyn);
         }
         let last = path.last().map_or(root_id, |(id, _)| *id);
-        let field = |i: usize| match path.get(i) {
-            Some((id, Segment::Name(n))) => Ok(Some((*id, *n))),
-            Some((id, Segment::Dynamic)) => {
-                Err((*id, "this name must be indexed with a literal string".into()))
-            }
-            None => Ok(None),
-        };
         match root {
-            "trigger" => {
-                let Some((id, f)) = field(1)? else {
-                    return Ok(Ty::Map);
-                };
-                let Some((_, ty)) = TRIGGER_FIELDS.iter().find(|(n, _)| *n == f) else {
-                    let names: Vec<_> = TRIGGER_FIELDS.iter().map(|(n, _)| *n).collect();
-                    return Err((id, format!("trigger has no field {f}: use {}", names.join(", "))));
-                };
-                if path.len() == 2 {
-                    return Ok(*ty);
-                }
-                if *ty == Ty::Map {
-                    return Ok(Ty::Dyn);
-                }
-                Err((last, format!("trigger.{f} is a {}, it has no fields", ty.name())))
-            }
+            "trigger" => trigger_path_ty(path, last),
             "steps" => self.step_path_ty(path, last),
-            _ => self.ident_ty(root_id, root).and_then(|t| match (t, path.len()) {
-                (t, 1) => Ok(t),
-                (Ty::Dyn | Ty::Map, _) => Ok(Ty::Dyn),
-                (t, _) => Err((last, format!("{} has no fields", t.name()))),
-            }),
+            _ => unreachable!("path_of roots a path at trigger or steps"),
         }
     }
 
     fn step_path_ty(&self, path: &[(u64, Segment<'_>)], last: u64) -> Checked {
-        let name = |i: usize| match path.get(i) {
-            Some((id, Segment::Name(n))) => Ok(Some((*id, *n))),
-            Some((id, Segment::Dynamic)) => {
-                Err((*id, "steps must be indexed with a literal step id".to_string()))
-            }
-            None => Ok(None),
-        };
+        let name = |i: usize| segment(path, i, "steps must be indexed with a literal step id");
         let Some((id, step)) = name(1)? else {
             return Ok(Ty::Map);
         };
@@ -456,6 +424,38 @@ impl Checker<'_, '_> {
     }
 }
 
+/// Segment `i` of a path as a name (`None` past its end); an index that
+/// is not a literal string is refused with `why`.
+fn segment<'p>(
+    path: &[(u64, Segment<'p>)],
+    i: usize,
+    why: &str,
+) -> Result<Option<(u64, &'p str)>, (u64, String)> {
+    match path.get(i) {
+        Some((id, Segment::Name(n))) => Ok(Some((*id, *n))),
+        Some((id, Segment::Dynamic)) => Err((*id, why.to_string())),
+        None => Ok(None),
+    }
+}
+
+/// The type at a path under `trigger`.
+fn trigger_path_ty(path: &[(u64, Segment<'_>)], last: u64) -> Checked {
+    let Some((id, f)) = segment(path, 1, "this name must be indexed with a literal string")? else {
+        return Ok(Ty::Map);
+    };
+    let Some((_, ty)) = TRIGGER_FIELDS.iter().find(|(n, _)| *n == f) else {
+        let names: Vec<_> = TRIGGER_FIELDS.iter().map(|(n, _)| *n).collect();
+        return Err((id, format!("trigger has no field {f}: use {}", names.join(", "))));
+    };
+    if path.len() == 2 {
+        return Ok(*ty);
+    }
+    if *ty == Ty::Map {
+        return Ok(Ty::Dyn);
+    }
+    Err((last, format!("trigger.{f} is a {}, it has no fields", ty.name())))
+}
+
 fn operator(f: &str) -> &str {
     f.trim_matches('_').trim_start_matches('@')
 }
@@ -530,24 +530,21 @@ fn path_of(e: &IdedExpr) -> Option<Vec<(u64, Segment<'_>)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::workflow::Action;
     use serde_json::json;
 
-    const ASK: &[(&str, Ty)] = &[
-        ("event_id", Ty::String),
-        ("status", Ty::String),
-        ("reply", Ty::String),
-        ("replies", Ty::List),
-    ];
+    /// What an `ask_agent` step's output holds.
+    const ASK: Action = Action::AskAgent;
 
     fn earlier() -> Vec<StepShape<'static>> {
         vec![
             StepShape {
                 id: "triage",
-                fields: ASK,
+                fields: ASK.output_fields(),
             },
             StepShape {
                 id: "a-b",
-                fields: ASK,
+                fields: ASK.output_fields(),
             },
         ]
     }

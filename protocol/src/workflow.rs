@@ -225,6 +225,14 @@ impl Step {
         }
     }
 
+    /// What later steps' conditions may read of this one.
+    pub fn shape(&self) -> StepShape<'_> {
+        StepShape {
+            id: self.id(),
+            fields: self.action().output_fields(),
+        }
+    }
+
     /// The step's condition, if it has one.
     pub fn condition(&self) -> Option<&str> {
         match self {
@@ -447,10 +455,7 @@ pub fn check(d: &Definition) -> Result<Vec<Option<Template>>, DefinitionError> {
             return Err(DefinitionError::BadStepId(id.to_string()));
         }
         templates.push(check_step(step, &earlier)?);
-        earlier.push(StepShape {
-            id,
-            fields: step.action().output_fields(),
-        });
+        earlier.push(step.shape());
     }
     Ok(templates)
 }

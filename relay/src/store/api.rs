@@ -247,15 +247,13 @@ impl WorkflowStore for SqlStore {
         caller: Option<&PublicKey>,
     ) -> Answer<protocol::api::RunView> {
         let mut tx = self.pool.read().await?;
-        if let Some(caller) = caller {
-            let workflow = runs::workflow_of(&mut tx, community, run_id)
-                .await?
-                .ok_or(Refusal::UnknownRun)?;
-            workflows::owned(&mut tx, community, &workflow, caller, true).await?;
-        }
-        Ok(runs::show_run(&mut tx, community, run_id)
+        let run = runs::show_run(&mut tx, community, run_id)
             .await?
-            .ok_or(Refusal::UnknownRun)?)
+            .ok_or(Refusal::UnknownRun)?;
+        if let Some(caller) = caller {
+            workflows::owned(&mut tx, community, &run.workflow_id, caller, true).await?;
+        }
+        Ok(run)
     }
 
     async fn claim(

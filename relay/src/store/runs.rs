@@ -303,8 +303,9 @@ fn sign_message(
 enum Next {
     /// The step began waiting, until `wake_at` at most.
     Wait { wake_at: i64 },
-    /// The step still waits, until `wake_at` at most (or a wake).
-    StillWaiting { wake_at: i64 },
+    /// The step still waits (a wake came before it is over): its
+    /// `wake_at`, set when it began waiting, stands.
+    StillWaiting,
     /// The step ended (done, skipped, or failed with `continue`): on to
     /// the next one.
     Advance(TraceEntry),
@@ -486,12 +487,16 @@ async fn start(tx: &mut Tx<'_>, c: &StepCtx<'_>, out: &mut StepOutcome) -> Resul
                 );
                 return Ok(c.failed(output, why, *on_failure));
             }
-            let timeout = timeout_secs.unwrap_or(workflow::DEFAULT_ASK_TIMEOUT_SECS);
             Ok(Next::Wait {
-                wake_at: c.now.saturating_add(i64::try_from(timeout).unwrap_or(i64::MAX)),
+                wake_at: c.now.saturating_add(ask_timeout(*timeout_secs)),
             })
         }
     }
+}
+
+/// An `ask_agent` step's timeout in seconds (its default when unset).
+fn ask_timeout(timeout_secs: Option<u64>) -> i64 {
+    i64::try_from(timeout_secs.unwrap_or(workflow::DEFAULT_ASK_TIMEOUT_SECS)).unwrap_or(i64::MAX)
 }
 
 /// Whether the step's condition holds (true without one). Checked at
@@ -500,13 +505,7 @@ fn condition_holds(c: &StepCtx<'_>) -> Result<bool, Failure> {
     let Some(src) = c.step().condition() else {
         return Ok(true);
     };
-    let earlier: Vec<StepShape<'_>> = c.def.steps[..c.index]
-        .iter()
-        .map(|s| StepShape {
-            id: s.id(),
-            fields: s.action().output_fields(),
-        })
-        .collect();
+    let earlier: Vec<StepShape<'_>> = c.def.steps[..c.index].iter().map(Step::shape).collect();
     let cond =
         Condition::compile(src, &earlier).map_err(|e| Failure::new("condition_error", e.to_string()))?;
     cond.eval(&c.run.context())
@@ -556,7 +555,7 @@ async fn resume(tx: &mut Tx<'_>, c: &StepCtx<'_>) -> Result<Next, StoreError> {
         Step::Delay { secs, .. } => {
             let until = started.saturating_add(i64::try_from(*secs).unwrap_or(i64::MAX));
             if c.now < until {
-                return Ok(Next::StillWaiting { wake_at: until });
+                return Ok(Next::StillWaiting);
             }
             faults::check("delay:before_fire")?;
             Ok(Next::Advance(c.entry(
@@ -571,13 +570,12 @@ async fn resume(tx: &mut Tx<'_>, c: &StepCtx<'_>) -> Result<Next, StoreError> {
             on_failure,
             ..
         } => {
-            let timeout =
-                i64::try_from(timeout_secs.unwrap_or(workflow::DEFAULT_ASK_TIMEOUT_SECS)).unwrap_or(i64::MAX);
+            let timeout = ask_timeout(*timeout_secs);
             let deadline = started.saturating_add(timeout);
             let rows = step_rows(tx, c).await?;
             let statuses: Vec<DeliveryStatus> = rows.iter().map(|r| r.status).collect();
             let Some(status) = decide(*wait, &statuses, c.now >= deadline) else {
-                return Ok(Next::StillWaiting { wake_at: deadline });
+                return Ok(Next::StillWaiting);
             };
             // Test-only: die in the transaction that ends the step (after
             // the finish that woke it committed, before the run moves on).
@@ -594,7 +592,11 @@ async fn resume(tx: &mut Tx<'_>, c: &StepCtx<'_>) -> Result<Next, StoreError> {
             } else {
                 rows
             };
-            let message_id = message_of(tx, c).await?;
+            // A waiting ask has rows (none fails it at once, `no_agent`).
+            let message_id = rows
+                .first()
+                .map(|r| hex::encode(r.message_event_id))
+                .ok_or_else(|| StoreError::Corrupt("a waiting ask_agent step has no deliveries".into()))?;
             let output = ask_output(&message_id, status, &rows);
             Ok(match status {
                 AskStatus::Delivered => Next::Advance(c.entry(StepStatus::Done, output, None)),
@@ -650,6 +652,8 @@ struct StepRow {
     target: [u8; 32],
     status: DeliveryStatus,
     failure_code: Option<String>,
+    /// The step's message (the same for every row of the step).
+    message_event_id: [u8; 32],
     reply: Option<Event>,
 }
 
@@ -659,7 +663,8 @@ async fn step_rows(tx: &mut Tx<'_>, c: &StepCtx<'_>) -> Result<Vec<StepRow>, Sto
     let rows = tx
         .all(
             Q::new(
-                "SELECT d.id, d.target_pubkey, d.status, d.failure_code, e.raw FROM workflow_agent_deliveries d \
+                "SELECT d.id, d.target_pubkey, d.status, d.failure_code, d.message_event_id, e.raw \
+                 FROM workflow_agent_deliveries d \
                  LEFT JOIN events e ON e.community_id = d.community_id AND e.id = d.reply_event_id \
                  WHERE d.community_id = $1 AND d.run_id = $2 AND d.step_id = $3 ORDER BY d.updated_at, d.id",
             )
@@ -676,6 +681,7 @@ async fn step_rows(tx: &mut Tx<'_>, c: &StepCtx<'_>) -> Result<Vec<StepRow>, Sto
                 target: r.id32("target_pubkey")?,
                 status: named(&r.text("status")?, DeliveryStatus::parse)?,
                 failure_code: r.opt_text("failure_code")?,
+                message_event_id: r.id32("message_event_id")?,
                 reply,
             })
         })
@@ -698,20 +704,6 @@ async fn cancel_open_rows(tx: &mut Tx<'_>, c: &StepCtx<'_>, code: &str) -> Resul
     )
     .await?;
     Ok(())
-}
-
-/// The id of the current step's message.
-async fn message_of(tx: &mut Tx<'_>, c: &StepCtx<'_>) -> Result<String, StoreError> {
-    let row = tx
-        .one(
-            Q::new("SELECT event_id FROM workflow_step_messages WHERE community_id = $1 AND run_id = $2 AND step_id = $3")
-                .bind(c.community)
-                .bind(c.run_id)
-                .bind(c.step().id()),
-        )
-        .await?
-        .ok_or_else(|| StoreError::Corrupt("a waiting ask_agent step has no message".into()))?;
-    Ok(hex::encode(row.id32(0)?))
 }
 
 /// An `ask_agent` step's output: its status, the first delivered reply's
@@ -778,16 +770,7 @@ async fn record(tx: &mut Tx<'_>, c: &StepCtx<'_>, next: Next) -> Result<bool, St
             .await?;
             Ok(false)
         }
-        Next::StillWaiting { wake_at } => {
-            tx.exec(
-                Q::new("UPDATE workflow_runs SET wake_at = $3 WHERE community_id = $1 AND id = $2")
-                    .bind(c.community)
-                    .bind(c.run_id)
-                    .bind(wake_at),
-            )
-            .await?;
-            Ok(false)
-        }
+        Next::StillWaiting => Ok(false),
         Next::Advance(entry) => {
             let trace = with_entry(c.run, entry);
             let next = c.run.current_step + 1;
@@ -1245,7 +1228,7 @@ pub async fn show_run(tx: &mut Tx<'_>, community: &str, run_id: &str) -> Result<
     let row = tx
         .one(
             Q::new(format!(
-                "SELECT {VIEW_COLS}, trigger_context, channel, owner FROM workflow_runs \
+                "SELECT {VIEW_COLS}, trigger_context, channel FROM workflow_runs \
                  WHERE community_id = $1 AND id = $2"
             ))
             .bind(community)
@@ -1259,22 +1242,6 @@ pub async fn show_run(tx: &mut Tx<'_>, community: &str, run_id: &str) -> Result<
         Some(serde_json::from_str::<Value>(&r.text("trigger_context")?).unwrap_or(Value::Null));
     run.channel = Some(r.text("channel")?);
     Ok(Some(run))
-}
-
-/// The workflow of a run, for an owner's call.
-pub async fn workflow_of(
-    tx: &mut Tx<'_>,
-    community: &str,
-    run_id: &str,
-) -> Result<Option<String>, StoreError> {
-    let row = tx
-        .one(
-            Q::new("SELECT workflow_id FROM workflow_runs WHERE community_id = $1 AND id = $2")
-                .bind(community)
-                .bind(run_id),
-        )
-        .await?;
-    row.map(|r| r.text(0)).transpose()
 }
 
 #[cfg(test)]
