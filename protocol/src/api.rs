@@ -297,6 +297,23 @@ pub struct WebhookSecret {
     pub secret: String,
 }
 
+/// Longest value of a workflow secret.
+pub const MAX_SECRET_BYTES: usize = 4096;
+
+/// `PUT /workflows/<id>/secrets/<name>`: the value, never shown again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretRequest {
+    pub value: String,
+}
+
+/// A secret was stored (its value is not repeated).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretStored {
+    pub name: String,
+    pub updated_at: i64,
+}
+
 /// A started run (`POST /workflows/<id>/runs`, `POST /hooks/<id>`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunStarted {

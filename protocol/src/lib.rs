@@ -5,6 +5,7 @@
 //! definition of every rule (and lets fuzzers drive it directly).
 
 pub mod api;
+pub mod approval;
 pub mod condition;
 pub mod host;
 pub mod kinds;
@@ -14,6 +15,7 @@ pub mod nip98;
 pub mod nip_oa;
 pub mod schedule;
 pub mod template;
+pub mod webhook;
 pub mod workflow;
 
 pub use nostr;

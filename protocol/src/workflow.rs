@@ -60,6 +60,11 @@ pub enum Trigger {
         timezone: Option<String>,
     },
     Manual,
+    /// A NIP-25 reaction (kind 7) in the channel on a message of the channel.
+    ReactionAdded {
+        #[serde(default)]
+        filter: ReactionFilter,
+    },
 }
 
 impl Trigger {
@@ -70,6 +75,18 @@ impl Trigger {
             Trigger::Webhook => "webhook",
             Trigger::Schedule { .. } => "schedule",
             Trigger::Manual => "manual",
+            Trigger::ReactionAdded { .. } => "reaction_added",
+        }
+    }
+
+    /// Whether a channel event (a message, a reaction) fires this trigger:
+    /// its filter matches (the caller knows whether the author is an agent).
+    /// Triggers that no event fires never match.
+    pub fn matches_event(&self, content: &str, author: &PublicKey, author_is_agent: bool) -> bool {
+        match self {
+            Trigger::MessagePosted { filter } => filter.matches(content, author, author_is_agent),
+            Trigger::ReactionAdded { filter } => filter.matches(content, author, author_is_agent),
+            _ => false,
         }
     }
 }
@@ -93,22 +110,69 @@ pub struct MessageFilter {
 impl MessageFilter {
     /// Whether a message matches (the caller knows whether its author is an agent).
     pub fn matches(&self, text: &str, author: &PublicKey, author_is_agent: bool) -> bool {
-        if author_is_agent && !self.include_agents {
-            return false;
-        }
-        if let Some(needle) = &self.text_contains {
-            if !text.to_lowercase().contains(&needle.to_lowercase()) {
-                return false;
-            }
-        }
-        if let Some(authors) = &self.authors {
-            let hex = author.to_hex();
-            if !authors.iter().any(|a| a.eq_ignore_ascii_case(&hex)) {
-                return false;
-            }
-        }
-        true
+        let text_counts = self
+            .text_contains
+            .as_ref()
+            .is_none_or(|needle| text.to_lowercase().contains(&needle.to_lowercase()));
+        text_counts
+            && author_counts(
+                self.authors.as_deref(),
+                self.include_agents,
+                author,
+                author_is_agent,
+            )
     }
+}
+
+/// Which reactions fire a `reaction_added` workflow.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReactionFilter {
+    /// Reaction contents that count, compared exactly (all when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<Vec<String>>,
+    /// Hex pubkeys whose reactions count (all when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authors: Option<Vec<String>>,
+    /// Whether reactions by managed agents count (they do not by default,
+    /// so that an agent reacting to a workflow's message cannot loop).
+    #[serde(default)]
+    pub include_agents: bool,
+}
+
+/// Most values in a filter's `content` or `authors` list.
+pub const MAX_FILTER_VALUES: usize = 64;
+
+impl ReactionFilter {
+    /// Whether a reaction matches (the caller knows whether its author is an agent).
+    pub fn matches(&self, content: &str, author: &PublicKey, author_is_agent: bool) -> bool {
+        let content_counts = self
+            .content
+            .as_ref()
+            .is_none_or(|list| list.iter().any(|c| c == content));
+        content_counts
+            && author_counts(
+                self.authors.as_deref(),
+                self.include_agents,
+                author,
+                author_is_agent,
+            )
+    }
+}
+
+/// Whether a filter's author rules let `author` through: agents only with
+/// `include_agents`, and only listed `authors` when there is a list.
+fn author_counts(
+    authors: Option<&[String]>,
+    include_agents: bool,
+    author: &PublicKey,
+    is_agent: bool,
+) -> bool {
+    if is_agent && !include_agents {
+        return false;
+    }
+    let hex = author.to_hex();
+    authors.is_none_or(|list| list.iter().any(|a| a.eq_ignore_ascii_case(&hex)))
 }
 
 /// Shortest and longest wait of an `ask_agent` step, and its default.
@@ -116,6 +180,16 @@ pub const ASK_TIMEOUT_SECS: std::ops::RangeInclusive<u64> = 60..=604_800;
 pub const DEFAULT_ASK_TIMEOUT_SECS: u64 = 3600;
 /// Shortest and longest `delay`.
 pub const DELAY_SECS: std::ops::RangeInclusive<u64> = 1..=2_592_000;
+/// Shortest and longest wait for an approval, and its default.
+pub const APPROVAL_TIMEOUT_SECS: std::ops::RangeInclusive<u64> = 60..=2_592_000;
+pub const DEFAULT_APPROVAL_TIMEOUT_SECS: u64 = 86_400;
+/// Most approvers named by one step (the owner is always one more).
+pub const MAX_APPROVERS: usize = 32;
+/// Shortest and longest webhook call, and its default.
+pub const WEBHOOK_TIMEOUT_SECS: std::ops::RangeInclusive<u64> = 1..=60;
+pub const DEFAULT_WEBHOOK_TIMEOUT_SECS: u64 = 10;
+/// Longest webhook URL.
+pub const MAX_URL_BYTES: usize = 2048;
 
 /// One step. Every step may carry `"if"`, a condition (CEL) that skips it
 /// when false.
@@ -153,6 +227,61 @@ pub enum Step {
         #[serde(rename = "if", default, skip_serializing_if = "Option::is_none")]
         condition: Option<String>,
     },
+    /// Posts the rendered text as an approval request; the run waits for
+    /// the first decision (a NIP-25 reaction) by an approver.
+    RequestApproval {
+        id: String,
+        text: String,
+        /// Hex pubkeys that may decide, besides the owner.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        approvers: Vec<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        timeout_secs: Option<u64>,
+        #[serde(default)]
+        on_deny: OnFailure,
+        #[serde(rename = "if", default, skip_serializing_if = "Option::is_none")]
+        condition: Option<String>,
+    },
+    /// An outbound HTTP call to a fixed URL.
+    CallWebhook {
+        id: String,
+        url: String,
+        #[serde(default)]
+        method: HttpMethod,
+        /// A JSON value whose strings are templates (a string that is one
+        /// placeholder alone becomes the value it names), or one template
+        /// string whose rendering must be JSON.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        body: Option<Value>,
+        /// Name of an owner secret: the body's HMAC-SHA256 is sent with it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        secret: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        timeout_secs: Option<u64>,
+        /// Whether a call interrupted by a crash is sent again.
+        #[serde(default)]
+        retry: bool,
+        #[serde(rename = "if", default, skip_serializing_if = "Option::is_none")]
+        condition: Option<String>,
+    },
+}
+
+/// The method of a `call_webhook` step.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum HttpMethod {
+    #[default]
+    Post,
+    Put,
+}
+
+impl HttpMethod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HttpMethod::Post => "POST",
+            HttpMethod::Put => "PUT",
+        }
+    }
 }
 
 /// Which replies an `ask_agent` step waits for.
@@ -184,6 +313,8 @@ pub enum Action {
     SendMessage,
     AskAgent,
     Delay,
+    RequestApproval,
+    CallWebhook,
 }
 
 impl Action {
@@ -192,6 +323,8 @@ impl Action {
             Action::SendMessage => "send_message",
             Action::AskAgent => "ask_agent",
             Action::Delay => "delay",
+            Action::RequestApproval => "request_approval",
+            Action::CallWebhook => "call_webhook",
         }
     }
 
@@ -206,6 +339,12 @@ impl Action {
                 ("replies", Ty::List),
             ],
             Action::Delay => &[("until", Ty::Int)],
+            Action::RequestApproval => &[
+                ("decision", Ty::String),
+                ("by", Ty::String),
+                ("event_id", Ty::String),
+            ],
+            Action::CallWebhook => &[("status", Ty::Int), ("body", Ty::Dyn)],
         }
     }
 }
@@ -213,7 +352,11 @@ impl Action {
 impl Step {
     pub fn id(&self) -> &str {
         match self {
-            Step::SendMessage { id, .. } | Step::AskAgent { id, .. } | Step::Delay { id, .. } => id,
+            Step::SendMessage { id, .. }
+            | Step::AskAgent { id, .. }
+            | Step::Delay { id, .. }
+            | Step::RequestApproval { id, .. }
+            | Step::CallWebhook { id, .. } => id,
         }
     }
 
@@ -222,6 +365,8 @@ impl Step {
             Step::SendMessage { .. } => Action::SendMessage,
             Step::AskAgent { .. } => Action::AskAgent,
             Step::Delay { .. } => Action::Delay,
+            Step::RequestApproval { .. } => Action::RequestApproval,
+            Step::CallWebhook { .. } => Action::CallWebhook,
         }
     }
 
@@ -238,7 +383,9 @@ impl Step {
         match self {
             Step::SendMessage { condition, .. }
             | Step::AskAgent { condition, .. }
-            | Step::Delay { condition, .. } => condition.as_deref(),
+            | Step::Delay { condition, .. }
+            | Step::RequestApproval { condition, .. }
+            | Step::CallWebhook { condition, .. } => condition.as_deref(),
         }
     }
 
@@ -256,7 +403,18 @@ impl Step {
                 reply_in_thread,
                 ..
             } => Some((text, *reply_in_thread)),
-            Step::Delay { .. } => None,
+            _ => None,
+        }
+    }
+
+    /// The text template of a step that posts a kind 9 (`send_message`,
+    /// `ask_agent`, `request_approval`).
+    pub fn text(&self) -> Option<&str> {
+        match self {
+            Step::SendMessage { text, .. }
+            | Step::AskAgent { text, .. }
+            | Step::RequestApproval { text, .. } => Some(text),
+            _ => None,
         }
     }
 }
@@ -292,8 +450,10 @@ pub enum DefinitionError {
     ScheduleShape,
     #[error("schedule: {0}")]
     Schedule(#[from] crate::schedule::ScheduleError),
-    #[error("filter.authors must be 64-character hex pubkeys")]
+    #[error("filter.authors must be at most {MAX_FILTER_VALUES} 64-character hex pubkeys")]
     BadAuthors,
+    #[error("filter.content must list 1 to {MAX_FILTER_VALUES} reaction contents")]
+    BadReactionContent,
     #[error("filter.text_contains must not be empty")]
     EmptyTextFilter,
 }
@@ -379,7 +539,12 @@ fn precheck_step(i: usize, v: &Value) -> Result<(), DefinitionError> {
             why: why.to_string(),
         })
     };
-    for (field, allowed) in [("wait", ["all", "any"]), ("on_failure", ["fail", "continue"])] {
+    for (field, allowed) in [
+        ("wait", ["all", "any"]),
+        ("on_failure", ["fail", "continue"]),
+        ("on_deny", ["fail", "continue"]),
+        ("method", ["POST", "PUT"]),
+    ] {
         if let Some(x) = v.get(field) {
             if !x.as_str().is_some_and(|x| allowed.contains(&x)) {
                 return bad(
@@ -396,6 +561,9 @@ fn precheck_step(i: usize, v: &Value) -> Result<(), DefinitionError> {
     }
     if v.get("if").is_some_and(|x| !x.is_string()) {
         return bad("if", "must be a string (a CEL expression)");
+    }
+    if v.get("retry").is_some_and(|x| !x.is_boolean()) {
+        return bad("retry", "must be true or false");
     }
     Ok(())
 }
@@ -422,18 +590,35 @@ fn check_trigger(trigger: &Trigger) -> Result<(), DefinitionError> {
             if filter.text_contains.as_deref() == Some("") {
                 return Err(DefinitionError::EmptyTextFilter);
             }
-            if let Some(authors) = &filter.authors {
-                if !authors
-                    .iter()
-                    .all(|a| a.len() == 64 && PublicKey::from_hex(a).is_ok())
-                {
-                    return Err(DefinitionError::BadAuthors);
+            check_authors(filter.authors.as_deref())?;
+        }
+        Trigger::ReactionAdded { filter } => {
+            check_authors(filter.authors.as_deref())?;
+            if let Some(content) = &filter.content {
+                if content.is_empty() || content.len() > MAX_FILTER_VALUES {
+                    return Err(DefinitionError::BadReactionContent);
                 }
             }
         }
         _ => {}
     }
     Ok(())
+}
+
+/// Checks a filter's `authors`: hex pubkeys, at most [`MAX_FILTER_VALUES`].
+fn check_authors(authors: Option<&[String]>) -> Result<(), DefinitionError> {
+    let Some(authors) = authors else { return Ok(()) };
+    let valid = authors.len() <= MAX_FILTER_VALUES && authors.iter().all(|a| is_hex_pubkey(a));
+    if valid {
+        Ok(())
+    } else {
+        Err(DefinitionError::BadAuthors)
+    }
+}
+
+/// Whether `s` is a 64-character hex public key.
+pub fn is_hex_pubkey(s: &str) -> bool {
+    s.len() == 64 && PublicKey::from_hex(s).is_ok()
 }
 
 /// Checks a parsed definition; returns its templates (by step index, for
@@ -471,8 +656,8 @@ fn check_step(step: &Step, earlier: &[StepShape<'_>]) -> Result<Option<Template>
     if let Some(src) = step.condition() {
         Condition::compile(src, earlier).map_err(|e| field("if", e.to_string()))?;
     }
-    let template = match step.message() {
-        Some((text, _)) => {
+    let template = match step.text() {
+        Some(text) => {
             let ids: Vec<&str> = earlier.iter().map(|s| s.id).collect();
             let t = Template::parse(text)
                 .and_then(|t| t.check(&ids).map(|_| t))
@@ -486,10 +671,7 @@ fn check_step(step: &Step, earlier: &[StepShape<'_>]) -> Result<Option<Template>
     };
     match step {
         Step::AskAgent { timeout_secs, .. } => {
-            if let Some(t) = timeout_secs.filter(|t| !ASK_TIMEOUT_SECS.contains(t)) {
-                let (lo, hi) = ASK_TIMEOUT_SECS.into_inner();
-                return Err(field("timeout_secs", format!("{t} is not from {lo} to {hi}")));
-            }
+            check_range(*timeout_secs, ASK_TIMEOUT_SECS).map_err(|w| field("timeout_secs", w))?;
             if template
                 .as_ref()
                 .is_some_and(|t| crate::template::mentions(t).is_empty())
@@ -502,9 +684,48 @@ fn check_step(step: &Step, earlier: &[StepShape<'_>]) -> Result<Option<Template>
             let (lo, hi) = DELAY_SECS.into_inner();
             return Err(field("secs", format!("{secs} is not from {lo} to {hi}")));
         }
+        Step::RequestApproval {
+            approvers,
+            timeout_secs,
+            ..
+        } => {
+            check_range(*timeout_secs, APPROVAL_TIMEOUT_SECS).map_err(|w| field("timeout_secs", w))?;
+            if approvers.len() > MAX_APPROVERS || !approvers.iter().all(|a| is_hex_pubkey(a)) {
+                let why = format!("must be at most {MAX_APPROVERS} 64-character hex pubkeys");
+                return Err(field("approvers", why));
+            }
+        }
+        Step::CallWebhook {
+            url,
+            body,
+            secret,
+            timeout_secs,
+            ..
+        } => {
+            check_range(*timeout_secs, WEBHOOK_TIMEOUT_SECS).map_err(|w| field("timeout_secs", w))?;
+            crate::webhook::check_url(url).map_err(|w| field("url", w))?;
+            if secret.as_deref().is_some_and(|s| !valid_id(s)) {
+                return Err(field("secret", "must be a name [a-z0-9_-]{1,64}".into()));
+            }
+            if let Some(body) = body {
+                let ids: Vec<&str> = earlier.iter().map(|s| s.id).collect();
+                crate::webhook::check_body(body, &ids).map_err(|w| field("body", w))?;
+            }
+        }
         _ => {}
     }
     Ok(template)
+}
+
+/// Checks an optional whole number of seconds against its range.
+fn check_range(value: Option<u64>, range: std::ops::RangeInclusive<u64>) -> Result<(), String> {
+    match value {
+        Some(t) if !range.contains(&t) => {
+            let (lo, hi) = range.into_inner();
+            Err(format!("{t} is not from {lo} to {hi}"))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// What caused a run.

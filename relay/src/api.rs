@@ -8,7 +8,7 @@ use std::sync::Arc;
 use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use protocol::api::{
     ClaimAnswer, ClaimRequest, DeliveriesPage, DeliveryStatus, FinishAnswer, FinishRequest, OperationAnswer,
@@ -32,6 +32,7 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/deliveries/{id}/operations", post(operation))
         .route("/deliveries/{id}/finish", post(finish))
         .route("/workflows/{id}/webhook-secret", post(webhook_secret))
+        .route("/workflows/{id}/secrets/{name}", put(set_secret))
         .route("/workflows/{id}/runs", post(manual_run).get(list_runs))
         .route("/runs/{id}", get(show_run))
         .route("/hooks/{id}", post(webhook))
@@ -287,6 +288,46 @@ async fn webhook_secret(
         .set_webhook_secret(community, &id, &auth.pubkey, &hash)
         .await;
     answer(r, |()| WebhookSecret { secret })
+}
+
+/// `PUT /workflows/<id>/secrets/<name>` `{"value"}` (owner): seals the
+/// value with the secrets key and stores it, replacing any earlier one
+/// (rotation); the value is never shown again.
+async fn set_secret(
+    State(state): State<Arc<AppState>>,
+    Path((id, name)): Path<(String, String)>,
+    auth: Authed,
+) -> Response {
+    if let Some(r) = limited(&state, &auth.tenant, &auth.pubkey) {
+        return r;
+    }
+    let valid_name = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+    if !valid_name {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "malformed",
+            "a secret name is [a-z0-9_-]{1,64}",
+        );
+    }
+    let req: protocol::api::SecretRequest = match body(&auth.body) {
+        Ok(v) => v,
+        Err(r) => return r.into_response(),
+    };
+    if req.value.is_empty() || req.value.len() > protocol::api::MAX_SECRET_BYTES {
+        let why = format!("value must be 1 to {} bytes", protocol::api::MAX_SECRET_BYTES);
+        return error(StatusCode::BAD_REQUEST, "malformed", why);
+    }
+    let community = &auth.tenant.community.id;
+    let sealed = state.secrets.seal(req.value.as_bytes(), community, &id, &name);
+    let r = state
+        .store
+        .set_secret(community, &id, &auth.pubkey, &name, &sealed)
+        .await;
+    answer(r, |updated_at| protocol::api::SecretStored { name, updated_at })
 }
 
 async fn manual_run(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth: Authed) -> Response {

@@ -43,6 +43,8 @@ pub struct Config {
     pub deliveries: DeliveryConfig,
     /// Workflow engine timing.
     pub workflows: WorkflowConfig,
+    /// Outbound webhook calls (`call_webhook` steps) and the secrets key.
+    pub webhooks: WebhookConfig,
     /// Embedded SQLite settings.
     pub sqlite: SqliteConfig,
     /// PostgreSQL settings.
@@ -73,6 +75,7 @@ impl Default for Config {
             communities: std::collections::BTreeMap::new(),
             deliveries: DeliveryConfig::default(),
             workflows: WorkflowConfig::default(),
+            webhooks: WebhookConfig::default(),
             sqlite: SqliteConfig::default(),
             postgres: PostgresConfig::default(),
             writer: WriterConfig::default(),
@@ -155,6 +158,10 @@ impl ChannelPolicy {
 pub struct CommunitySettings {
     /// Overrides the top-level `[channels]` policy.
     pub channels: Option<ChannelPolicy>,
+    /// Hosts (names or literal addresses, as written in step URLs) that
+    /// this community's `call_webhook` steps may reach over plain `http`
+    /// and at loopback, private, link-local or other non-public addresses.
+    pub webhook_allow_hosts: Vec<String>,
 }
 
 /// Protocol limits. All are per connection unless the name says otherwise.
@@ -424,6 +431,57 @@ impl Default for WorkflowConfig {
     }
 }
 
+/// Outbound webhook calls and the key that seals workflow secrets.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WebhookConfig {
+    /// The secrets key file (created on first start); unset: beside an
+    /// SQLite database, else `relay-secrets.key` in the working directory.
+    pub secrets_key_file: Option<std::path::PathBuf>,
+    /// Names pinned to addresses, used instead of DNS (like an
+    /// `/etc/hosts` of the relay's own); the address checks apply to them
+    /// as to any resolved address.
+    pub resolve: std::collections::BTreeMap<String, Vec<std::net::IpAddr>>,
+    /// Extra trusted root certificates (PEM) for `https` calls, besides the
+    /// bundled web PKI roots.
+    pub ca_file: Option<std::path::PathBuf>,
+    /// Most calls in flight per relay process; more wait their turn.
+    pub max_in_flight: usize,
+    /// How long past a step's `timeout_secs` a call may stay unanswered
+    /// before it counts as interrupted (its process died mid-call).
+    pub call_grace_secs: u64,
+    /// Longest wait to connect (within the step's timeout).
+    pub connect_timeout_ms: u64,
+}
+
+impl Default for WebhookConfig {
+    fn default() -> Self {
+        Self {
+            secrets_key_file: None,
+            resolve: std::collections::BTreeMap::new(),
+            ca_file: None,
+            max_in_flight: 64,
+            call_grace_secs: 15,
+            connect_timeout_ms: 5_000,
+        }
+    }
+}
+
+/// Where the secrets key file is when the configuration does not say:
+/// beside an SQLite database file, else in the working directory.
+pub fn default_secrets_key_path(database_url: &str) -> std::path::PathBuf {
+    use std::path::{Path, PathBuf};
+    let file = database_url
+        .strip_prefix("sqlite://")
+        .or_else(|| database_url.strip_prefix("sqlite:"))
+        .map(|p| p.split('?').next().unwrap_or(p))
+        .filter(|p| !p.is_empty() && !p.starts_with(":memory:"));
+    match file.map(Path::new).and_then(Path::parent) {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.join("relay-secrets.key"),
+        _ => PathBuf::from("relay-secrets.key"),
+    }
+}
+
 /// PostgreSQL settings.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -572,6 +630,22 @@ impl Config {
             .get(community)
             .and_then(|c| c.channels.as_ref())
             .unwrap_or(&self.channels)
+    }
+
+    /// The hosts a community's webhook calls may reach at non-public
+    /// addresses or over `http`.
+    pub fn webhook_allow_hosts(&self, community: &str) -> &[String] {
+        self.communities
+            .get(community)
+            .map_or(&[], |c| c.webhook_allow_hosts.as_slice())
+    }
+
+    /// Where the secrets key file is.
+    pub fn secrets_key_path(&self) -> std::path::PathBuf {
+        self.webhooks
+            .secrets_key_file
+            .clone()
+            .unwrap_or_else(|| default_secrets_key_path(&self.database_url))
     }
 
     fn validate(&self) -> Result<(), String> {

@@ -17,7 +17,8 @@ use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, Timestamp};
 
 use crate::clock::unix_now;
 use crate::state::AppState;
-use crate::store::runs::NewDelivery;
+use crate::store::outcalls::{CallAnswer, OutCall};
+use crate::store::runs::{Env, NewDelivery};
 
 /// How long the engine's list of communities is used before it is read
 /// again. Communities are added from the CLI while the relay runs; a pass
@@ -113,14 +114,75 @@ fn wake(state: &AppState, community: &str, keys: &Keys, d: &NewDelivery) -> Opti
     Some(raw)
 }
 
+/// What every step execution of this process is given.
+fn env(state: &AppState) -> Env<'_> {
+    Env {
+        deliveries: &state.cfg.deliveries,
+        limits: &state.cfg.limits,
+        call_grace_secs: state.cfg.webhooks.call_grace_secs,
+    }
+}
+
+/// Sends a step's webhook call on a task of its own (a call may take up
+/// to a minute; the engine's pass does not wait for it), records its answer
+/// in the run, and kicks the engine so the run goes on. If this process
+/// dies before the answer is recorded, the call's deadline makes the run
+/// count it as interrupted.
+fn spawn_call(state: &Arc<AppState>, community: &str, keys: &Keys, call: OutCall) {
+    let (state, community, keys) = (state.clone(), community.to_string(), keys.clone());
+    tokio::spawn(async move {
+        let allow = state.cfg.webhook_allow_hosts(&community);
+        // Test-only: die after the call was recorded, before it is sent.
+        if crate::faults::check("webhook:before_send").is_err() {
+            return;
+        }
+        let result = state
+            .outcaller
+            .send(&community, allow, &state.secrets, &call)
+            .await;
+        if let crate::store::outcalls::CallResult::Failed { code, message } = &result {
+            tracing::warn!(
+                community,
+                run_id = call.run_id,
+                step = call.step_id,
+                code,
+                message,
+                "webhook call failed"
+            );
+        }
+        if crate::faults::check("webhook:after_send").is_err() {
+            return;
+        }
+        let answer = CallAnswer {
+            step_id: call.step_id.clone(),
+            attempt: call.attempt,
+            result,
+        };
+        let step = state
+            .store
+            .execute_run_step(&community, &keys, &call.run_id, &env(&state), Some(&answer))
+            .await;
+        match step {
+            Ok(out) => {
+                announce(&state, &community, out.published);
+                wake_all(&state, &community, &keys, &out.new_deliveries).await;
+                state.kick.kick();
+            }
+            Err(e) => {
+                tracing::warn!(community, run_id = call.run_id, error = %e, "recording a webhook answer failed")
+            }
+        }
+    });
+}
+
 /// Advances one run as far as it goes now.
-async fn advance(state: &AppState, community: &str, keys: &Keys, run_id: &str) {
+async fn advance(state: &Arc<AppState>, community: &str, keys: &Keys, run_id: &str) {
     // Bounded: a run has at most MAX_STEPS steps.
     for _ in 0..=protocol::workflow::MAX_STEPS {
         let started = std::time::Instant::now();
         let step = state
             .store
-            .execute_run_step(community, keys, run_id, &state.cfg.deliveries, &state.cfg.limits)
+            .execute_run_step(community, keys, run_id, &env(state), None)
             .await;
         tracing::debug!(
             run_id,
@@ -131,6 +193,9 @@ async fn advance(state: &AppState, community: &str, keys: &Keys, run_id: &str) {
             Ok(out) => {
                 announce(state, community, out.published);
                 wake_all(state, community, keys, &out.new_deliveries).await;
+                for call in out.calls {
+                    spawn_call(state, community, keys, call);
+                }
                 if !out.more {
                     return;
                 }
@@ -144,7 +209,7 @@ async fn advance(state: &AppState, community: &str, keys: &Keys, run_id: &str) {
 }
 
 /// One pass over every community: schedules, runs, sweep.
-async fn pass(state: &AppState, keys: &mut Communities, schedules_due: bool, sweep_due: bool) {
+async fn pass(state: &Arc<AppState>, keys: &mut Communities, schedules_due: bool, sweep_due: bool) {
     for (community, k) in communities(state, keys).await {
         if schedules_due {
             if let Err(e) = state.store.fire_schedules(&community).await {

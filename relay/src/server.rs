@@ -53,7 +53,9 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
 
     let grace = Duration::from_millis(cfg.shutdown_grace_ms);
     let sweep_every = Duration::from_secs(cfg.expiry_sweep_interval_secs.max(1));
-    let state = Arc::new(AppState::new(cfg, store.clone()));
+    let secrets = crate::secrets::SecretsKey::load_or_create(&cfg.secrets_key_path())?;
+    let outcaller = crate::outcall::Outcaller::new(&cfg.webhooks)?;
+    let state = Arc::new(AppState::new(cfg, store.clone(), secrets, outcaller));
 
     // One machine-readable line on stdout: tests and scripts read the
     // first address from it (its fourth word).

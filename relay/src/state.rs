@@ -52,10 +52,19 @@ pub struct AppState {
     pub webhook_failures: crate::ratelimit::KeyedLimiter,
     /// Bytes queued for every connection's socket together.
     pub output: Arc<crate::budget::Budget>,
+    /// Seals and opens the owners' workflow secrets.
+    pub secrets: crate::secrets::SecretsKey,
+    /// Sends `call_webhook` steps' requests.
+    pub outcaller: Arc<crate::outcall::Outcaller>,
 }
 
 impl AppState {
-    pub fn new(cfg: Config, store: Arc<dyn Store>) -> Self {
+    pub fn new(
+        cfg: Config,
+        store: Arc<dyn Store>,
+        secrets: crate::secrets::SecretsKey,
+        outcaller: crate::outcall::Outcaller,
+    ) -> Self {
         let capacity = cfg.limits.fanout_buffer_events;
         let (api_rate, api_burst) = (cfg.limits.api_requests_per_second, cfg.limits.api_burst);
         let l = &cfg.limits;
@@ -76,6 +85,8 @@ impl AppState {
             api_limits: crate::ratelimit::KeyedLimiter::new(api_rate, api_burst),
             webhook_failures,
             output,
+            secrets,
+            outcaller: Arc::new(outcaller),
         }
     }
 

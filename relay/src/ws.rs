@@ -446,8 +446,10 @@ impl Conn {
                 for (ev, ev_raw) in published {
                     self.state.publish(&community, Arc::new(ev), Arc::from(ev_raw));
                 }
-                if kind == protocol::workflow::MESSAGE_KIND {
-                    self.state.kick.kick(); // it may have started runs
+                // A message may have started runs; a reaction too, or
+                // decided an approval a run waits for.
+                if kind == protocol::workflow::MESSAGE_KIND || kind == protocol::approval::REACTION_KIND {
+                    self.state.kick.kick();
                 }
 
                 self.ok(&id, true, "")?;

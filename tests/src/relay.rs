@@ -274,6 +274,9 @@ fn spawn_process(store: &Store, options: &RelayOptions, listen: &str) -> (Child,
         .args(["--listen", listen, "--database-url", &store.database_url])
         .env("RELAY_LOG", "info,relay=debug")
         .env_remove("RELAY_CONFIG")
+        // The processes of one store share its directory (and so its
+        // secrets key file, created there on PostgreSQL).
+        .current_dir(store.dir.path())
         .stdout(Stdio::piped())
         .stderr(log);
     for (k, v) in &options.env {

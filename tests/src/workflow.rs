@@ -5,6 +5,7 @@ use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, Tag, ToBech
 use serde_json::{json, Value};
 
 use crate::{client::event, http_nip98, Client, Relay};
+use std::time::Duration;
 
 /// An owner, a channel, and agents registered by the owner and added to it.
 pub struct Fixture {
@@ -170,4 +171,60 @@ where
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     panic!("condition not reached within 10 s");
+}
+
+/// Starts a manual run of `workflow` with `body`; returns its id.
+pub async fn start_run(relay: &Relay, owner: &Keys, workflow: &str, body: Value) -> String {
+    let (status, v) = api(
+        relay,
+        owner,
+        "POST",
+        &format!("/workflows/{workflow}/runs"),
+        Some(&body),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    v["run_id"].as_str().expect("run_id").to_string()
+}
+
+/// `GET /runs/<id>` as `who`.
+pub async fn get_run(relay: &Relay, who: &Keys, run_id: &str) -> (u16, Value) {
+    api(relay, who, "GET", &format!("/runs/{run_id}"), None).await
+}
+
+/// Polls the run (as its owner) until `done` holds, for up to `secs`.
+pub async fn run_until(
+    relay: &Relay,
+    owner: &Keys,
+    run_id: &str,
+    secs: u64,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let mut last = Value::Null;
+    for _ in 0..secs * 10 {
+        let (status, run) = get_run(relay, owner, run_id).await;
+        assert_eq!(status, 200, "{run}");
+        if done(&run) {
+            return run;
+        }
+        last = run;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("run did not get there within {secs} s: {last}");
+}
+
+/// Whether a run ended (any status but running and waiting).
+pub fn ended(run: &Value) -> bool {
+    !matches!(run["status"].as_str(), Some("running" | "waiting"))
+}
+
+/// The relay's kind 9s in the fixture's channel (its workflow messages).
+pub async fn relay_messages(relay: &Relay, fx: &Fixture) -> Vec<Event> {
+    let mut c = Client::connect(&relay.ws_url()).await;
+    c.req(
+        "m",
+        vec![json!({"kinds": [9], "#h": [fx.channel], "authors": [fx.relay_pk]})],
+    )
+    .await
+    .events()
 }

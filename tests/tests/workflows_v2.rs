@@ -9,7 +9,9 @@ use nostr::prelude::{Event, Keys, ToBech32};
 use serde_json::{json, Value};
 use tests::agent::AgentProc;
 use tests::relay::Store;
-use tests::workflow::{api, claim_when_due, deliveries, finish, Fixture};
+use tests::workflow::{
+    claim_when_due, deliveries, ended, finish, get_run, relay_messages, run_until, start_run, Fixture,
+};
 use tests::{backend_tests, event, Backend, Client, Relay, RelayOptions};
 
 backend_tests!(
@@ -36,61 +38,6 @@ fn options() -> RelayOptions {
 
 fn hex(k: &Keys) -> String {
     k.public_key().to_hex()
-}
-
-/// Starts a manual run of `workflow` with `body`; returns its id.
-async fn start_run(relay: &Relay, owner: &Keys, workflow: &str, body: Value) -> String {
-    let (status, v) = api(
-        relay,
-        owner,
-        "POST",
-        &format!("/workflows/{workflow}/runs"),
-        Some(&body),
-    )
-    .await;
-    assert_eq!(status, 200, "{v}");
-    v["run_id"].as_str().expect("run_id").to_string()
-}
-
-/// `GET /runs/<id>` as `who`.
-async fn get_run(relay: &Relay, who: &Keys, run_id: &str) -> (u16, Value) {
-    api(relay, who, "GET", &format!("/runs/{run_id}"), None).await
-}
-
-/// Polls the run (as its owner) until `done` holds, for up to `secs`.
-async fn run_until(
-    relay: &Relay,
-    owner: &Keys,
-    run_id: &str,
-    secs: u64,
-    done: impl Fn(&Value) -> bool,
-) -> Value {
-    let mut last = Value::Null;
-    for _ in 0..secs * 10 {
-        let (status, run) = get_run(relay, owner, run_id).await;
-        assert_eq!(status, 200, "{run}");
-        if done(&run) {
-            return run;
-        }
-        last = run;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("run did not get there within {secs} s: {last}");
-}
-
-fn ended(run: &Value) -> bool {
-    !matches!(run["status"].as_str(), Some("running" | "waiting"))
-}
-
-/// The relay's kind 9s in `channel` (its workflow messages).
-async fn relay_messages(relay: &Relay, fx: &Fixture) -> Vec<Event> {
-    let mut c = Client::connect(&relay.ws_url()).await;
-    c.req(
-        "m",
-        vec![json!({"kinds": [9], "#h": [fx.channel], "authors": [fx.relay_pk]})],
-    )
-    .await
-    .events()
 }
 
 fn reply(agent: &Keys, channel: &str, text: &str) -> Event {

@@ -13,11 +13,12 @@ use serde_json::Value;
 use super::calls::{Claim, Finish, Operation, Renew};
 use super::deliveries::{self, Answer, ClaimRequest, Delivery, FinishRequest, Finished, Refusal};
 pub use super::group::HttpAuthUse;
+use super::outcalls::{self, CallAnswer};
 use super::runs::{self, StepOutcome};
 use super::sqlstore::SqlStore;
 use super::workflows;
 use super::StoreError;
-use crate::config::{DeliveryConfig, Limits};
+use crate::config::DeliveryConfig;
 
 /// Workflows, runs and deliveries.
 #[async_trait]
@@ -28,8 +29,8 @@ pub trait WorkflowStore: Send + Sync {
         community: &str,
         keys: &Keys,
         run_id: &str,
-        cfg: &DeliveryConfig,
-        limits: &Limits,
+        env: &runs::Env<'_>,
+        answer: Option<&CallAnswer>,
     ) -> Result<StepOutcome, StoreError>;
 
     /// Runs with a step to execute now, oldest first (`runs::due_runs`).
@@ -58,6 +59,17 @@ pub trait WorkflowStore: Send + Sync {
         caller: &PublicKey,
         hash_hex: &str,
     ) -> Answer<()>;
+
+    /// Sets (or rotates) a named secret of the owner's workflow, sealed by
+    /// the caller; returns when it was stored.
+    async fn set_secret(
+        &self,
+        community: &str,
+        workflow_id: &str,
+        caller: &PublicKey,
+        name: &str,
+        sealed: &[u8],
+    ) -> Answer<i64>;
 
     /// (secret hash, trigger, live) of a workflow.
     async fn webhook_target(
@@ -157,11 +169,11 @@ impl WorkflowStore for SqlStore {
         community: &str,
         keys: &Keys,
         run_id: &str,
-        cfg: &DeliveryConfig,
-        limits: &Limits,
+        env: &runs::Env<'_>,
+        answer: Option<&CallAnswer>,
     ) -> Result<StepOutcome, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let out = runs::execute_step(&mut tx, community, keys, run_id, cfg, limits).await?;
+        let out = runs::execute_step(&mut tx, community, keys, run_id, env, answer).await?;
         let raws: Vec<&str> = out.published.iter().map(|(_, raw)| raw.as_str()).collect();
         self.announce(&mut tx, community, &raws).await?;
         tx.commit().await?;
@@ -214,6 +226,21 @@ impl WorkflowStore for SqlStore {
         workflows::set_webhook_secret(&mut tx, community, workflow_id, hash_hex).await?;
         tx.commit().await?;
         Ok(())
+    }
+
+    async fn set_secret(
+        &self,
+        community: &str,
+        workflow_id: &str,
+        caller: &PublicKey,
+        name: &str,
+        sealed: &[u8],
+    ) -> Answer<i64> {
+        let mut tx = self.pool.begin().await?;
+        workflows::owned(&mut tx, community, workflow_id, caller, false).await?;
+        let at = outcalls::set_secret(&mut tx, community, workflow_id, name, sealed).await?;
+        tx.commit().await?;
+        Ok(at)
     }
 
     async fn webhook_target(

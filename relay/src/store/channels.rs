@@ -343,6 +343,13 @@ async fn workflow_effects(
     if kind == protocol::workflow::MESSAGE_KIND {
         super::workflows::on_message(tx, community, &keys.public_key(), event, channel).await?;
     }
+    if kind == protocol::approval::REACTION_KIND {
+        if let Some(run) = super::approvals::on_reaction(tx, community, event, channel).await? {
+            let wake = format!("approval:{}", event.id.to_hex());
+            super::runs::poke(tx, community, &run, &wake).await?;
+        }
+        super::workflows::on_reaction(tx, community, &keys.public_key(), event, channel).await?;
+    }
     Ok(None)
 }
 

@@ -13,6 +13,7 @@
 
 pub mod agents;
 pub mod api;
+pub mod approvals;
 pub(crate) mod calls;
 pub mod channels;
 pub(crate) mod communities;
@@ -22,6 +23,7 @@ pub(crate) mod events;
 mod group;
 pub mod machine;
 pub mod notices;
+pub mod outcalls;
 pub mod postgres;
 pub mod refusal;
 pub mod runs;

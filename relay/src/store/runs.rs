@@ -19,18 +19,21 @@
 //! lock when the step ends, and the step ends once, because ending it
 //! moves the run off `waiting` in the same transaction.
 
-use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, PublicKey, Timestamp};
+use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, PublicKey, Tag, Timestamp};
 use protocol::api::{
     CauseKind, CauseView, DeliveryStatus, RunError, RunStatus, RunView, StepStatus, StepView,
 };
+use protocol::approval::{self, Decision};
 use protocol::condition::{Condition, StepShape};
 use protocol::template::{self, Template};
 use protocol::workflow::{self, Action, Cause, Definition, MessageBinding, OnFailure, Step, Wait};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use super::approvals;
 use super::db::{named, Pool, Row, Tx, Q};
 use super::events::{self, created_at_of};
+use super::outcalls::{self, CallAnswer, CallResult, OutCall};
 use super::workflows::{load_definition, load_workflow, new_id, ACTIVE_ROWS};
 use super::{InsertOutcome, StoreError};
 use crate::admission;
@@ -56,8 +59,20 @@ pub struct StepOutcome {
     pub published: Vec<(Event, String)>,
     /// Delivery rows made by this execution (wake each).
     pub new_deliveries: Vec<NewDelivery>,
+    /// Webhook calls recorded by this execution: send each after commit.
+    pub calls: Vec<OutCall>,
     /// Whether the run has a step to execute now.
     pub more: bool,
+}
+
+/// What executing a step needs besides the run.
+#[derive(Debug, Clone, Copy)]
+pub struct Env<'a> {
+    pub deliveries: &'a DeliveryConfig,
+    pub limits: &'a Limits,
+    /// How long past its own timeout a webhook call may stay unanswered
+    /// before it counts as interrupted (its process died mid-call).
+    pub call_grace_secs: u64,
 }
 
 /// Delivery rows in one insert, at most (20 binds a row: within both
@@ -151,21 +166,21 @@ async fn load_run(tx: &mut Tx<'_>, community: &str, run_id: &str) -> Result<Opti
 /// Why a step or a run did not succeed: a stable code and a text.
 #[derive(Debug, Clone)]
 struct Failure {
-    code: &'static str,
+    code: String,
     message: String,
 }
 
 impl Failure {
-    fn new(code: &'static str, message: impl Into<String>) -> Failure {
+    fn new(code: impl Into<String>, message: impl Into<String>) -> Failure {
         Failure {
-            code,
+            code: code.into(),
             message: message.into(),
         }
     }
 
     fn at(&self, step: Option<&str>) -> RunError {
         RunError {
-            code: self.code.to_string(),
+            code: self.code.clone(),
             message: self.message.clone(),
             step: step.map(str::to_string),
         }
@@ -181,7 +196,7 @@ async fn end_run(
     error: Option<Failure>,
 ) -> Result<(), StoreError> {
     let now = tx.now().await?;
-    let (code, message) = error.map_or((None, None), |f| (Some(f.code.to_string()), Some(f.message)));
+    let (code, message) = error.map_or((None, None), |f| (Some(f.code), Some(f.message)));
     tx.exec(
         Q::new(
             "UPDATE workflow_runs SET status = $3, error = $4, error_code = $5, wake_at = NULL, updated_at = $6 \
@@ -241,6 +256,10 @@ struct Binding<'a> {
     step_id: &'a str,
     definition_hex: &'a str,
     reply_in_thread: bool,
+    /// Its `p` tags (the owner first).
+    recipients: Vec<PublicKey>,
+    /// Tags after the workflow message's own (an approval request's mark).
+    extra_tags: Vec<Tag>,
 }
 
 /// Renders and signs a step's message, under the same admission rule as
@@ -268,7 +287,6 @@ fn sign_message(
         Ok(text) => text,
         Err(e) => return Ok(Err(too_large(format!("at least {}", e.at_least)))),
     };
-    let recipients = workflow::recipients(&b.run.owner, template);
     let reply_to =
         (b.reply_in_thread && b.run.cause.kind == CauseKind::Event).then_some(b.run.cause.id.as_str());
     let tags = workflow::message_tags(&MessageBinding {
@@ -278,10 +296,24 @@ fn sign_message(
         run_id: b.run_id,
         owner: &b.run.owner,
         cause: &b.run.cause,
-        recipients: &recipients,
+        recipients: &b.recipients,
         reply_to,
     });
-    let ev = EventBuilder::new(Kind::from_u16(workflow::MESSAGE_KIND), rendered)
+    let tags = tags.into_iter().chain(b.extra_tags.iter().cloned());
+    sign_admitted(keys, rendered, tags, now, limits, too_large)
+}
+
+/// Signs a relay kind 9 and holds it to the admission rule every client's
+/// event meets.
+fn sign_admitted(
+    keys: &Keys,
+    text: String,
+    tags: impl IntoIterator<Item = Tag>,
+    now: i64,
+    limits: &Limits,
+    too_large: impl Fn(String) -> Failure,
+) -> Result<Result<(Event, String), Failure>, StoreError> {
+    let ev = EventBuilder::new(Kind::from_u16(workflow::MESSAGE_KIND), text)
         .tags(tags)
         .custom_created_at(Timestamp::from_secs(u64::try_from(now).unwrap_or(0)))
         .finalize(keys)
@@ -306,6 +338,9 @@ enum Next {
     /// The step still waits (a wake came before it is over): its
     /// `wake_at`, set when it began waiting, stands.
     StillWaiting,
+    /// The step still waits, until a new `wake_at` (a webhook call sent
+    /// again after an interruption).
+    Rewait { wake_at: i64 },
     /// The step ended (done, skipped, or failed with `continue`): on to
     /// the next one.
     Advance(TraceEntry),
@@ -322,8 +357,7 @@ struct StepCtx<'a> {
     def: &'a Definition,
     index: usize,
     now: i64,
-    cfg: &'a DeliveryConfig,
-    limits: &'a Limits,
+    env: &'a Env<'a>,
 }
 
 impl StepCtx<'_> {
@@ -368,15 +402,15 @@ pub async fn execute_step(
     community: &str,
     keys: &Keys,
     run_id: &str,
-    cfg: &DeliveryConfig,
-    limits: &Limits,
+    env: &Env<'_>,
+    answer: Option<&CallAnswer>,
 ) -> Result<StepOutcome, StoreError> {
     let mut out = StepOutcome::default();
     // Concurrent executions of one run (several processes) serialise here;
     // the second sees the step already done.
     tx.lock(&format!("{community}:run:{run_id}")).await?;
     let now = tx.now().await?;
-    let Some((run, def)) = due_run(tx, community, run_id, now).await? else {
+    let Some((run, def)) = due_run(tx, community, run_id, now, answer.is_some()).await? else {
         return Ok(out);
     };
     let index = usize::try_from(run.current_step).unwrap_or(usize::MAX);
@@ -392,11 +426,10 @@ pub async fn execute_step(
         def: &def,
         index,
         now,
-        cfg,
-        limits,
+        env,
     };
     let next = match run.status {
-        RunStatus::Waiting => resume(tx, &c).await?,
+        RunStatus::Waiting => resume(tx, &c, answer, &mut out).await?,
         _ => start(tx, &c, &mut out).await?,
     };
     out.more = record(tx, &c, next).await?;
@@ -404,14 +437,16 @@ pub async fn execute_step(
     Ok(out)
 }
 
-/// The run and its definition, if it has a step to execute now. A run
-/// that cannot go on (its workflow disabled, its definition gone) is
+/// The run and its definition, if it has a step to execute now (with
+/// `answered`, a webhook call's answer: only a waiting run takes one). A
+/// run that cannot go on (its workflow disabled, its definition gone) is
 /// ended here.
 async fn due_run(
     tx: &mut Tx<'_>,
     community: &str,
     run_id: &str,
     now: i64,
+    answered: bool,
 ) -> Result<Option<(RunRow, Definition)>, StoreError> {
     // Whatever the run's state: a wake left for a run that moved on would
     // list it again on every pass.
@@ -420,8 +455,8 @@ async fn due_run(
         return Ok(None);
     };
     let due = match run.status {
-        RunStatus::Running => true,
-        RunStatus::Waiting => woken || run.wake_at.is_some_and(|w| w <= now),
+        RunStatus::Running => !answered,
+        RunStatus::Waiting => answered || woken || run.wake_at.is_some_and(|w| w <= now),
         _ => false,
     };
     if !due {
@@ -463,7 +498,7 @@ async fn start(tx: &mut Tx<'_>, c: &StepCtx<'_>, out: &mut StepOutcome) -> Resul
             wake_at: c.now.saturating_add(i64::try_from(*secs).unwrap_or(i64::MAX)),
         }),
         Step::SendMessage { .. } => {
-            let message = match post(tx, c, out, false).await? {
+            let message = match post(tx, c, out, Rows::Plain).await? {
                 Ok(message) => message,
                 Err(why) => return Ok(c.failed(Value::Null, why, OnFailure::Fail)),
             };
@@ -475,7 +510,7 @@ async fn start(tx: &mut Tx<'_>, c: &StepCtx<'_>, out: &mut StepOutcome) -> Resul
             on_failure,
             ..
         } => {
-            let message = match post(tx, c, out, true).await? {
+            let message = match post(tx, c, out, Rows::Awaited).await? {
                 Ok(message) => message,
                 Err(why) => return Ok(c.failed(Value::Null, why, *on_failure)),
             };
@@ -491,7 +526,137 @@ async fn start(tx: &mut Tx<'_>, c: &StepCtx<'_>, out: &mut StepOutcome) -> Resul
                 wake_at: c.now.saturating_add(ask_timeout(*timeout_secs)),
             })
         }
+        Step::RequestApproval { timeout_secs, .. } => {
+            let request = match post(tx, c, out, Rows::None).await? {
+                Ok(message) => message,
+                Err(why) => return Ok(c.failed(Value::Null, why, OnFailure::Fail)),
+            };
+            let approvers = recipients_of(&request);
+            approvals::record_request(
+                tx,
+                c.community,
+                c.run_id,
+                c.step().id(),
+                &c.run.channel,
+                &request,
+                &approvers,
+            )
+            .await?;
+            Ok(Next::Wait {
+                wake_at: c.now.saturating_add(approval_timeout(*timeout_secs)),
+            })
+        }
+        Step::CallWebhook { .. } => start_call(tx, c, out).await,
     }
+}
+
+/// An approval step's timeout in seconds (its default when unset).
+fn approval_timeout(timeout_secs: Option<u64>) -> i64 {
+    i64::try_from(timeout_secs.unwrap_or(workflow::DEFAULT_APPROVAL_TIMEOUT_SECS)).unwrap_or(i64::MAX)
+}
+
+/// Renders a `call_webhook` step's body, finds its secret, and records the
+/// call's first attempt (sent by the engine after commit): the run waits
+/// for the answer until the call's timeout and grace have passed.
+async fn start_call(tx: &mut Tx<'_>, c: &StepCtx<'_>, out: &mut StepOutcome) -> Result<Next, StoreError> {
+    let Step::CallWebhook {
+        url, body, secret, ..
+    } = c.step()
+    else {
+        return Err(StoreError::Corrupt("start_call on another action".into()));
+    };
+    let body = match protocol::webhook::render_body(body.as_ref(), &c.run.context()) {
+        Ok(body) => body,
+        Err(e) => {
+            return Ok(c.failed(
+                Value::Null,
+                Failure::new("body_invalid", e.to_string()),
+                OnFailure::Fail,
+            ))
+        }
+    };
+    if let Some(name) = secret {
+        if outcalls::secret(tx, c.community, &c.run.workflow_id, name)
+            .await?
+            .is_none()
+        {
+            let why = Failure::new(
+                "secret_missing",
+                format!("the workflow has no secret named {name}"),
+            );
+            return Ok(c.failed(Value::Null, why, OnFailure::Fail));
+        }
+    }
+    let recorded = outcalls::Recorded {
+        attempt: 1,
+        state: "sending".into(),
+        deadline: 0,
+        url: url.clone(),
+        body,
+    };
+    send_call(tx, c, out, recorded, Next::Wait { wake_at: 0 }).await
+}
+
+/// Records attempt `r.attempt` of the step's call and hands it to the
+/// engine; `next` says how the run waits (its `wake_at` is the call's
+/// deadline).
+async fn send_call(
+    tx: &mut Tx<'_>,
+    c: &StepCtx<'_>,
+    out: &mut StepOutcome,
+    r: outcalls::Recorded,
+    next: Next,
+) -> Result<Next, StoreError> {
+    let Step::CallWebhook {
+        method,
+        secret,
+        timeout_secs,
+        ..
+    } = c.step()
+    else {
+        return Err(StoreError::Corrupt("send_call on another action".into()));
+    };
+    let timeout = timeout_secs.unwrap_or(workflow::DEFAULT_WEBHOOK_TIMEOUT_SECS);
+    let wait = i64::try_from(timeout.saturating_add(c.env.call_grace_secs)).unwrap_or(i64::MAX);
+    let deadline = c.now.saturating_add(wait);
+    let step_id = c.step().id();
+    outcalls::record(
+        tx,
+        c.community,
+        c.run_id,
+        step_id,
+        r.attempt,
+        &r.url,
+        &r.body,
+        c.now,
+        deadline,
+    )
+    .await?;
+    let sealed = match secret {
+        Some(name) => outcalls::secret(tx, c.community, &c.run.workflow_id, name).await?,
+        None => None,
+    };
+    if secret.is_some() && sealed.is_none() {
+        let why = Failure::new("secret_missing", "the workflow's secret was removed");
+        return Ok(c.failed(Value::Null, why, OnFailure::Fail));
+    }
+    out.calls.push(OutCall {
+        workflow_id: c.run.workflow_id.clone(),
+        run_id: c.run_id.to_string(),
+        step_id: step_id.to_string(),
+        attempt: r.attempt,
+        url: r.url,
+        method: *method,
+        body: r.body,
+        idempotency_key: protocol::webhook::idempotency_key(c.run_id, step_id),
+        secret: sealed,
+        timeout_secs: timeout,
+    });
+    faults::check("webhook:after_record")?;
+    Ok(match next {
+        Next::Wait { .. } => Next::Wait { wake_at: deadline },
+        _ => Next::Rewait { wake_at: deadline },
+    })
 }
 
 /// An `ask_agent` step's timeout in seconds (its default when unset).
@@ -512,29 +677,66 @@ fn condition_holds(c: &StepCtx<'_>) -> Result<bool, Failure> {
         .map_err(|e| Failure::new("condition_error", e))
 }
 
+/// Which delivery rows a step's message makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rows {
+    /// None (an approval request is for people).
+    None,
+    /// One per managed-agent recipient.
+    Plain,
+    /// As `Plain`, and each wakes the run when it ends.
+    Awaited,
+}
+
+/// The `p` recipients and extra tags of the current step's message: an
+/// approval request names the owner and its approvers and carries the
+/// request mark; other messages name the owner and the template's mentions.
+fn addressees(c: &StepCtx<'_>, template: &Template) -> (Vec<PublicKey>, Vec<Tag>, bool) {
+    match c.step() {
+        Step::RequestApproval { approvers, .. } => {
+            let mut to = vec![c.run.owner];
+            for pk in approvers.iter().filter_map(|a| PublicKey::from_hex(a).ok()) {
+                if !to.contains(&pk) {
+                    to.push(pk);
+                }
+            }
+            (to, vec![approval::request_tag()], false)
+        }
+        step => (
+            workflow::recipients(&c.run.owner, template),
+            Vec::new(),
+            step.message().is_some_and(|(_, in_thread)| in_thread),
+        ),
+    }
+}
+
 /// Posts the step's message (once: a replay reuses it) and its delivery
-/// rows; `awaited` rows wake the run when they end.
+/// rows, as `rows` says.
 async fn post(
     tx: &mut Tx<'_>,
     c: &StepCtx<'_>,
     out: &mut StepOutcome,
-    awaited: bool,
+    rows: Rows,
 ) -> Result<Result<Event, Failure>, StoreError> {
-    let (text, reply_in_thread) = c.step().message().expect("a step that posts has a message");
+    let text = c.step().text().expect("a step that posts has a text");
     let Ok(template) = Template::parse(text) else {
         return Ok(Err(Failure::new(
             "template_invalid",
             "step template no longer parses",
         )));
     };
+    let (recipients, extra_tags, reply_in_thread) = addressees(c, &template);
     let binding = Binding {
         run: c.run,
         run_id: c.run_id,
         step_id: c.step().id(),
         definition_hex: &hex::encode(c.run.definition_event_id),
         reply_in_thread,
+        recipients,
+        extra_tags,
     };
-    let message = match step_message(tx, c.community, c.keys, &binding, &template, c.now, c.limits).await? {
+    let limits = c.env.limits;
+    let message = match step_message(tx, c.community, c.keys, &binding, &template, c.now, limits).await? {
         Made::Found(message) => message,
         Made::New(message, raw) => {
             out.published.push((message.clone(), raw));
@@ -542,14 +744,30 @@ async fn post(
         }
         Made::Refused(why) => return Ok(Err(why)),
     };
-    out.new_deliveries =
-        insert_deliveries(tx, c.community, &binding, &message, c.cfg, c.now, awaited).await?;
-    faults::check("step:after_rows")?;
+    if rows != Rows::None {
+        let awaited = rows == Rows::Awaited;
+        let cfg = c.env.deliveries;
+        out.new_deliveries =
+            insert_deliveries(tx, c.community, &binding, &message, cfg, c.now, awaited).await?;
+        faults::check("step:after_rows")?;
+    }
     Ok(Ok(message))
 }
 
-/// Looks again at the current step of a waiting run.
-async fn resume(tx: &mut Tx<'_>, c: &StepCtx<'_>) -> Result<Next, StoreError> {
+/// Looks again at the current step of a waiting run (with a webhook
+/// call's answer, when that is what woke it).
+async fn resume(
+    tx: &mut Tx<'_>,
+    c: &StepCtx<'_>,
+    answer: Option<&CallAnswer>,
+    out: &mut StepOutcome,
+) -> Result<Next, StoreError> {
+    match c.step() {
+        Step::CallWebhook { .. } => return resume_call(tx, c, answer, out).await,
+        Step::RequestApproval { .. } => return resume_approval(tx, c, out).await,
+        _ if answer.is_some() => return Ok(Next::StillWaiting),
+        _ => {}
+    }
     let started = c.run.step_started_at.unwrap_or(c.now);
     match c.step() {
         Step::Delay { secs, .. } => {
@@ -607,7 +825,168 @@ async fn resume(tx: &mut Tx<'_>, c: &StepCtx<'_>) -> Result<Next, StoreError> {
                 }
             })
         }
-        Step::SendMessage { .. } => Err(StoreError::Corrupt("a send_message step never waits".into())),
+        Step::SendMessage { .. } | Step::RequestApproval { .. } | Step::CallWebhook { .. } => {
+            Err(StoreError::Corrupt("this step does not wait here".into()))
+        }
+    }
+}
+
+/// A waiting approval step: ends with its decision, or `timed_out` once
+/// its deadline passed with none (unless an approver decided first); the
+/// relay posts the decision threaded under the request.
+async fn resume_approval(
+    tx: &mut Tx<'_>,
+    c: &StepCtx<'_>,
+    out: &mut StepOutcome,
+) -> Result<Next, StoreError> {
+    let Step::RequestApproval {
+        timeout_secs,
+        on_deny,
+        ..
+    } = c.step()
+    else {
+        return Err(StoreError::Corrupt("resume_approval on another action".into()));
+    };
+    let timeout = approval_timeout(*timeout_secs);
+    let deadline = c.run.step_started_at.unwrap_or(c.now).saturating_add(timeout);
+    let step_id = c.step().id();
+    let mut decided = approvals::decided(tx, c.community, c.run_id, step_id).await?;
+    if decided.is_none() && c.now >= deadline {
+        approvals::time_out(tx, c.community, c.run_id, step_id, c.now).await?;
+        decided = approvals::decided(tx, c.community, c.run_id, step_id).await?;
+    }
+    let Some(d) = decided else {
+        return Ok(Next::StillWaiting);
+    };
+    faults::check("approval:before_end")?;
+    out.published.push(post_decision(tx, c, &d, timeout).await?);
+    let output = json!({"decision": d.decision.as_str(), "by": d.by, "event_id": d.event_id});
+    Ok(match d.decision {
+        Decision::Approved => Next::Advance(c.entry(StepStatus::Done, output, None)),
+        Decision::Denied => {
+            let why = Failure::new("denied", format!("denied by {}", d.by));
+            c.failed(output, why, *on_deny)
+        }
+        Decision::TimedOut => {
+            let why = Failure::new("step_timeout", format!("no decision within {timeout} s"));
+            c.failed(output, why, *on_deny)
+        }
+    })
+}
+
+/// Stores the relay's kind 9 naming an approval's decision, threaded under
+/// the request (announced after commit with the step's other events).
+async fn post_decision(
+    tx: &mut Tx<'_>,
+    c: &StepCtx<'_>,
+    d: &approvals::Decided,
+    timeout: i64,
+) -> Result<(Event, String), StoreError> {
+    let who = |hex: &str| {
+        PublicKey::from_hex(hex)
+            .ok()
+            .and_then(|pk| nostr::prelude::ToBech32::to_bech32(&pk).ok())
+            .map_or_else(|| hex.to_string(), |npub| format!("nostr:{npub}"))
+    };
+    let text = match d.decision {
+        Decision::Approved => format!("Approved by {}", who(&d.by)),
+        Decision::Denied => format!("Denied by {}", who(&d.by)),
+        Decision::TimedOut => format!("No decision within {timeout} s: the request timed out"),
+    };
+    let tags = approval::decision_tags(
+        &c.run.channel,
+        &d.request_event_id,
+        c.run_id,
+        c.step().id(),
+        d.decision,
+    );
+    let too_large = |bytes: String| Failure::new("message_too_large", bytes);
+    let (ev, raw) = match sign_admitted(c.keys, text, tags, c.now, c.env.limits, too_large)? {
+        Ok(signed) => signed,
+        Err(why) => {
+            return Err(StoreError::Corrupt(format!(
+                "decision message refused: {}",
+                why.message
+            )))
+        }
+    };
+    match events::insert(tx, c.community, &ev, &raw, Some(&c.run.channel))
+        .await?
+        .of_no_deletion()
+    {
+        InsertOutcome::Stored | InsertOutcome::Duplicate => {}
+        InsertOutcome::Rejected(why) => {
+            return Err(StoreError::Corrupt(format!("decision message refused: {why}")))
+        }
+    }
+    Ok((ev, raw))
+}
+
+/// A waiting `call_webhook` step: takes the answer to the attempt in
+/// flight; or, past the call's deadline with none (its process died), sends
+/// it again when the step says `retry`, else fails the run `interrupted`.
+async fn resume_call(
+    tx: &mut Tx<'_>,
+    c: &StepCtx<'_>,
+    answer: Option<&CallAnswer>,
+    out: &mut StepOutcome,
+) -> Result<Next, StoreError> {
+    let Step::CallWebhook { retry, .. } = c.step() else {
+        return Err(StoreError::Corrupt("resume_call on another action".into()));
+    };
+    let step_id = c.step().id();
+    let Some(r) = outcalls::load(tx, c.community, c.run_id, step_id).await? else {
+        return Err(StoreError::Corrupt(
+            "a waiting call_webhook step has no call".into(),
+        ));
+    };
+    let in_flight = r.state == "sending";
+    if let Some(a) = answer {
+        // An answer to an attempt no longer in flight changes nothing.
+        if !in_flight || a.step_id != step_id || a.attempt != r.attempt {
+            return Ok(Next::StillWaiting);
+        }
+        outcalls::end(tx, c.community, c.run_id, step_id, Some(&a.result), c.now).await?;
+        return Ok(call_ended(c, &a.result));
+    }
+    if !in_flight || c.now < r.deadline {
+        return Ok(Next::StillWaiting);
+    }
+    faults::check("webhook:before_interrupted")?;
+    if *retry {
+        let again = outcalls::Recorded {
+            attempt: r.attempt + 1,
+            ..r
+        };
+        return send_call(tx, c, out, again, Next::StillWaiting).await;
+    }
+    outcalls::end(tx, c.community, c.run_id, step_id, None, c.now).await?;
+    let why = Failure::new(
+        "interrupted",
+        "the relay stopped while the call was in flight; it may or may not have been received, and the step does not retry",
+    );
+    Ok(c.failed(Value::Null, why, OnFailure::Fail))
+}
+
+/// What a call's result does to the run: a 2xx answer is the step's
+/// output; any other status fails the run `http_<status>`, and no answer
+/// fails it with the reason's code.
+fn call_ended(c: &StepCtx<'_>, result: &CallResult) -> Next {
+    match result {
+        CallResult::Answered { status, body } => {
+            let output = json!({"status": status, "body": body});
+            if (200..300).contains(status) {
+                Next::Advance(c.entry(StepStatus::Done, output, None))
+            } else {
+                let why = Failure::new(format!("http_{status}"), format!("the server answered {status}"));
+                c.failed(output, why, OnFailure::Fail)
+            }
+        }
+        CallResult::Failed { code, message } => c.failed(
+            Value::Null,
+            Failure::new(code.clone(), message.clone()),
+            OnFailure::Fail,
+        ),
     }
 }
 
@@ -771,6 +1150,14 @@ async fn record(tx: &mut Tx<'_>, c: &StepCtx<'_>, next: Next) -> Result<bool, St
             Ok(false)
         }
         Next::StillWaiting => Ok(false),
+        Next::Rewait { wake_at } => {
+            tx.exec(
+                base("UPDATE workflow_runs SET wake_at = $4, updated_at = $3 WHERE community_id = $1 AND id = $2")
+                    .bind(wake_at),
+            )
+            .await?;
+            Ok(false)
+        }
         Next::Advance(entry) => {
             let trace = with_entry(c.run, entry);
             let next = c.run.current_step + 1;

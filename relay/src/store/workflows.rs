@@ -452,53 +452,121 @@ pub async fn on_message(
     if event.pubkey == *relay_pubkey || event.kind.as_u16() != workflow::MESSAGE_KIND {
         return Ok(Vec::new());
     }
-    // Only workflows whose owner is a member now (`create_run` checks it
-    // again, for every trigger).
-    let rows = tx
-        .all(
-            Q::new(format!(
-                "SELECT {WORKFLOW_COLS} FROM workflows w WHERE community_id = $1 AND channel = $2 \
-                 AND trigger = 'message_posted' AND enabled AND NOT deleted AND EXISTS (SELECT 1 FROM \
-                 channel_members m WHERE m.community_id = w.community_id AND m.channel_id = w.channel \
-                 AND m.pubkey = w.owner) ORDER BY id"
-            ))
-            .bind(community)
-            .bind(channel),
-        )
-        .await?;
+    let ctx = json!({"text": event.content, "author": event.pubkey.to_hex(), "event_id": event.id.to_hex()});
+    start_event_runs(tx, community, channel, "message_posted", event, ctx).await
+}
+
+/// Starts a run of every live workflow of `channel` with `trigger` whose
+/// filter matches `event` (cause: the event), with `ctx` as its trigger.
+async fn start_event_runs(
+    tx: &mut Tx<'_>,
+    community: &str,
+    channel: &str,
+    trigger: &str,
+    event: &Event,
+    ctx: Value,
+) -> Result<Vec<String>, StoreError> {
+    let rows = triggered_by(tx, community, channel, trigger).await?;
     if rows.is_empty() {
         return Ok(Vec::new());
     }
-    let author_is_agent = tx
-        .exists(
-            Q::new("SELECT 1 FROM agents WHERE community_id = $1 AND pubkey = $2")
-                .bind(community)
-                .bind(event.pubkey.to_bytes()),
-        )
-        .await?;
+    let author_is_agent = is_agent(tx, community, &event.pubkey).await?;
+    let cause = Cause {
+        kind: CauseKind::Event,
+        id: event.id.to_hex(),
+    };
     let mut runs = Vec::new();
-    for row in &rows {
-        let w = workflow_row(row)?;
+    for w in &rows {
         let Some(def) = load_definition(tx, community, &w.definition_event_id).await? else {
             continue;
         };
-        let Trigger::MessagePosted { filter } = &def.trigger else {
-            continue;
-        };
-        if !filter.matches(&event.content, &event.pubkey, author_is_agent) {
+        if !def
+            .trigger
+            .matches_event(&event.content, &event.pubkey, author_is_agent)
+        {
             continue;
         }
-        let cause = Cause {
-            kind: CauseKind::Event,
-            id: event.id.to_hex(),
-        };
-        let ctx =
-            json!({"text": event.content, "author": event.pubkey.to_hex(), "event_id": event.id.to_hex()});
-        if let Some((run, true)) = unless_refused(create_run(tx, community, &w.id, &cause, ctx).await)? {
+        if let Some((run, true)) =
+            unless_refused(create_run(tx, community, &w.id, &cause, ctx.clone()).await)?
+        {
             runs.push(run);
         }
     }
     Ok(runs)
+}
+
+/// The live workflows of `channel` with `trigger`, whose owner is a member
+/// now (`create_run` checks it again, for every trigger).
+async fn triggered_by(
+    tx: &mut Tx<'_>,
+    community: &str,
+    channel: &str,
+    trigger: &str,
+) -> Result<Vec<WorkflowRow>, StoreError> {
+    let rows = tx
+        .all(
+            Q::new(format!(
+                "SELECT {WORKFLOW_COLS} FROM workflows w WHERE community_id = $1 AND channel = $2 \
+                 AND trigger = $3 AND enabled AND NOT deleted AND EXISTS (SELECT 1 FROM \
+                 channel_members m WHERE m.community_id = w.community_id AND m.channel_id = w.channel \
+                 AND m.pubkey = w.owner) ORDER BY id"
+            ))
+            .bind(community)
+            .bind(channel)
+            .bind(trigger),
+        )
+        .await?;
+    rows.iter().map(workflow_row).collect()
+}
+
+/// Whether `pubkey` is a registered managed agent.
+async fn is_agent(tx: &mut Tx<'_>, community: &str, pubkey: &PublicKey) -> Result<bool, StoreError> {
+    tx.exists(
+        Q::new("SELECT 1 FROM agents WHERE community_id = $1 AND pubkey = $2")
+            .bind(community)
+            .bind(pubkey.to_bytes()),
+    )
+    .await
+}
+
+/// A reaction (kind 7) stored in `channel` on a message of the channel:
+/// starts every matching `reaction_added` workflow. Reactions signed by the
+/// relay never trigger workflows, and an agent's only when the filter says
+/// so. Returns the new runs.
+pub async fn on_reaction(
+    tx: &mut Tx<'_>,
+    community: &str,
+    relay_pubkey: &PublicKey,
+    event: &Event,
+    channel: &str,
+) -> Result<Vec<String>, StoreError> {
+    if event.pubkey == *relay_pubkey {
+        return Ok(Vec::new());
+    }
+    let Some(target) = protocol::approval::reacted_to(event).map(str::to_string) else {
+        return Ok(Vec::new());
+    };
+    if !in_channel(tx, community, channel, &target).await? {
+        return Ok(Vec::new());
+    }
+    let ctx = json!({"text": event.content, "author": event.pubkey.to_hex(), "event_id": target,
+                     "reaction_id": event.id.to_hex()});
+    start_event_runs(tx, community, channel, "reaction_added", event, ctx).await
+}
+
+/// Whether the event with hex id `id` is stored in `channel`.
+async fn in_channel(tx: &mut Tx<'_>, community: &str, channel: &str, id: &str) -> Result<bool, StoreError> {
+    let mut bytes = [0u8; 32];
+    if hex::decode_to_slice(id, &mut bytes).is_err() {
+        return Ok(false);
+    }
+    tx.exists(
+        Q::new("SELECT 1 FROM events WHERE community_id = $1 AND id = $2 AND channel = $3")
+            .bind(community)
+            .bind(bytes)
+            .bind(channel),
+    )
+    .await
 }
 
 /// Fires the current slot of every live schedule of a community (each slot

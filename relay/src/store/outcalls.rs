@@ -1,0 +1,223 @@
+//! Outbound webhook calls of `call_webhook` steps, and the owners' sealed
+//! secrets they sign with.
+//!
+//! A call is recorded (state `sending`, with a deadline) in the step's
+//! transaction, before anything is sent; the engine sends it after commit
+//! and records the answer in another transaction, which checks the
+//! attempt it answers is still the one in flight. A call still `sending`
+//! after its deadline was interrupted (the process died mid-call): it is
+//! sent again, same `Idempotency-Key`, only when the step says `retry`.
+//! The store never sees a secret in clear: it keeps what the secrets key
+//! sealed, and hands the sealed bytes to the engine with the call.
+
+use protocol::workflow::HttpMethod;
+use serde_json::Value;
+
+use super::db::{Tx, Q};
+use super::StoreError;
+
+/// A call to send now (after the commit that recorded it).
+#[derive(Debug, Clone)]
+pub struct OutCall {
+    pub workflow_id: String,
+    pub run_id: String,
+    pub step_id: String,
+    pub attempt: i64,
+    pub url: String,
+    pub method: HttpMethod,
+    pub body: String,
+    pub idempotency_key: String,
+    /// The named secret, sealed, to sign the body with.
+    pub secret: Option<SealedSecret>,
+    pub timeout_secs: u64,
+}
+
+/// A secret as stored: its name and the sealed bytes.
+#[derive(Debug, Clone)]
+pub struct SealedSecret {
+    pub name: String,
+    pub sealed: Vec<u8>,
+}
+
+/// What sending a call came to.
+#[derive(Debug, Clone)]
+pub enum CallResult {
+    /// The server answered (any status); `body` is JSON when the answer
+    /// was, else its text.
+    Answered { status: u16, body: Value },
+    /// No answer: refused before sending, unreachable, timed out, too large.
+    Failed { code: String, message: String },
+}
+
+/// The answer to one attempt of a call.
+#[derive(Debug, Clone)]
+pub struct CallAnswer {
+    pub step_id: String,
+    pub attempt: i64,
+    pub result: CallResult,
+}
+
+/// A step's call as recorded.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub attempt: i64,
+    pub state: String,
+    pub deadline: i64,
+    pub url: String,
+    pub body: String,
+}
+
+/// Records attempt `attempt` of a step's call as `sending` until `deadline`.
+#[allow(clippy::too_many_arguments)]
+pub async fn record(
+    tx: &mut Tx<'_>,
+    community: &str,
+    run_id: &str,
+    step_id: &str,
+    attempt: i64,
+    url: &str,
+    body: &str,
+    now: i64,
+    deadline: i64,
+) -> Result<(), StoreError> {
+    tx.exec(
+        Q::new(
+            "INSERT INTO workflow_webhook_calls (community_id, run_id, step_id, attempt, state, url, \
+             request_body, recorded_at, deadline) VALUES ($1, $2, $3, $4, 'sending', $5, $6, $7, $8) \
+             ON CONFLICT (community_id, run_id, step_id) DO UPDATE SET attempt = excluded.attempt, \
+             state = 'sending', recorded_at = excluded.recorded_at, deadline = excluded.deadline, \
+             status = NULL, answer = NULL, error_code = NULL, error = NULL, answered_at = NULL",
+        )
+        .bind(community)
+        .bind(run_id)
+        .bind(step_id)
+        .bind(attempt)
+        .bind(url)
+        .bind(body)
+        .bind(now)
+        .bind(deadline),
+    )
+    .await?;
+    Ok(())
+}
+
+/// A step's recorded call, if any.
+pub async fn load(
+    tx: &mut Tx<'_>,
+    community: &str,
+    run_id: &str,
+    step_id: &str,
+) -> Result<Option<Recorded>, StoreError> {
+    let row = tx
+        .one(
+            Q::new(
+                "SELECT attempt, state, deadline, url, request_body FROM workflow_webhook_calls \
+                 WHERE community_id = $1 AND run_id = $2 AND step_id = $3",
+            )
+            .bind(community)
+            .bind(run_id)
+            .bind(step_id),
+        )
+        .await?;
+    row.map(|r| {
+        Ok(Recorded {
+            attempt: r.int("attempt")?,
+            state: r.text("state")?,
+            deadline: r.int("deadline")?,
+            url: r.text("url")?,
+            body: r.text("request_body")?,
+        })
+    })
+    .transpose()
+}
+
+/// Ends the step's call: `answered` or `failed` with what came back, or
+/// `interrupted`.
+pub async fn end(
+    tx: &mut Tx<'_>,
+    community: &str,
+    run_id: &str,
+    step_id: &str,
+    result: Option<&CallResult>,
+    now: i64,
+) -> Result<(), StoreError> {
+    let (state, status, answer, code, error) = match result {
+        Some(CallResult::Answered { status, body }) => (
+            "answered",
+            Some(i64::from(*status)),
+            Some(body.to_string()),
+            None,
+            None,
+        ),
+        Some(CallResult::Failed { code, message }) => {
+            ("failed", None, None, Some(code.clone()), Some(message.clone()))
+        }
+        None => ("interrupted", None, None, Some("interrupted".to_string()), None),
+    };
+    tx.exec(
+        Q::new(
+            "UPDATE workflow_webhook_calls SET state = $4, status = $5, answer = $6, error_code = $7, \
+             error = $8, answered_at = $9 WHERE community_id = $1 AND run_id = $2 AND step_id = $3",
+        )
+        .bind(community)
+        .bind(run_id)
+        .bind(step_id)
+        .bind(state)
+        .bind(status)
+        .bind(answer)
+        .bind(code)
+        .bind(error)
+        .bind(now),
+    )
+    .await?;
+    Ok(())
+}
+
+/// A workflow's secret, sealed, if it is set.
+pub async fn secret(
+    tx: &mut Tx<'_>,
+    community: &str,
+    workflow_id: &str,
+    name: &str,
+) -> Result<Option<SealedSecret>, StoreError> {
+    let row = tx
+        .one(
+            Q::new("SELECT sealed FROM workflow_secrets WHERE community_id = $1 AND workflow_id = $2 AND name = $3")
+                .bind(community)
+                .bind(workflow_id)
+                .bind(name),
+        )
+        .await?;
+    row.map(|r| {
+        Ok(SealedSecret {
+            name: name.to_string(),
+            sealed: r.blob(0)?,
+        })
+    })
+    .transpose()
+}
+
+/// Sets (or replaces: rotation) a workflow's secret, sealed by the caller.
+pub async fn set_secret(
+    tx: &mut Tx<'_>,
+    community: &str,
+    workflow_id: &str,
+    name: &str,
+    sealed: &[u8],
+) -> Result<i64, StoreError> {
+    let now = tx.now().await?;
+    tx.exec(
+        Q::new(
+            "INSERT INTO workflow_secrets (community_id, workflow_id, name, sealed, updated_at) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (community_id, workflow_id, name) \
+             DO UPDATE SET sealed = excluded.sealed, updated_at = excluded.updated_at",
+        )
+        .bind(community)
+        .bind(workflow_id)
+        .bind(name)
+        .bind(sealed.to_vec())
+        .bind(now),
+    )
+    .await?;
+    Ok(now)
+}
