@@ -34,6 +34,8 @@ fn campaign(args: &[&str]) {
         "runs_stuck=0",
         "runs_advanced_twice=0",
         "runs_without_final=0",
+        "webhook_calls_twice=0",
+        "approvals_decided_twice=0",
     ] {
         assert!(summary.contains(&format!(" {bad} ")), "{summary}");
     }

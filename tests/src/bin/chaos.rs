@@ -18,6 +18,7 @@ use nostr::prelude::Keys;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 use tests::agent::AgentProc;
+use tests::hooks::{Answer, HookServer};
 use tests::pg::PgServer;
 use tests::relay::Store;
 use tests::workflow::Fixture;
@@ -61,10 +62,17 @@ enum Point {
     RelayBetweenFinishAndAdvance,
     /// In the transaction that fires a `delay`.
     RelayAtTimerFiring,
+    /// After a webhook call was recorded (committed), before it is sent.
+    RelayBeforeWebhookSend,
+    /// After the webhook server answered, before the answer is recorded.
+    RelayAfterWebhookSend,
+    /// In the transaction that ends an approval step, after the decision
+    /// committed (the run waited for it).
+    RelayWhileAwaitingApproval,
     Random,
 }
 
-const POINTS: [Point; 12] = [
+const POINTS: [Point; 15] = [
     Point::AgentBeforeClaim,
     Point::AgentAfterClaim,
     Point::AgentAfterRecordedWrite,
@@ -76,6 +84,9 @@ const POINTS: [Point; 12] = [
     Point::RelayDuringSweep,
     Point::RelayBetweenFinishAndAdvance,
     Point::RelayAtTimerFiring,
+    Point::RelayBeforeWebhookSend,
+    Point::RelayAfterWebhookSend,
+    Point::RelayWhileAwaitingApproval,
     Point::Random,
 ];
 
@@ -106,6 +117,9 @@ impl Point {
             Point::RelayDuringSweep => ("relay", "sweep:after_transition=kill*1"),
             Point::RelayBetweenFinishAndAdvance => ("relay", "ask:before_end=kill*1"),
             Point::RelayAtTimerFiring => ("relay", "delay:before_fire=kill*1"),
+            Point::RelayBeforeWebhookSend => ("relay", "webhook:before_send=kill*1"),
+            Point::RelayAfterWebhookSend => ("relay", "webhook:after_send=kill*1"),
+            Point::RelayWhileAwaitingApproval => ("relay", "approval:before_end=kill*1"),
             Point::Random => return None,
         })
     }
@@ -131,6 +145,12 @@ struct Counts {
     runs_advanced_twice: usize,
     /// Completed runs without their final message.
     runs_without_final: usize,
+    /// Webhook calls sent more than once for a step that does not retry.
+    webhook_calls_twice: usize,
+    /// Runs that were interrupted mid-call and failed visibly (`interrupted`).
+    webhook_interrupted: usize,
+    /// Approval steps that ended with more than one decision message.
+    approvals_decided_twice: usize,
     kills: usize,
     points_reached: HashMap<String, (usize, usize)>,
 }
@@ -151,6 +171,9 @@ impl Counts {
         self.runs_stuck += o.runs_stuck;
         self.runs_advanced_twice += o.runs_advanced_twice;
         self.runs_without_final += o.runs_without_final;
+        self.webhook_calls_twice += o.webhook_calls_twice;
+        self.webhook_interrupted += o.webhook_interrupted;
+        self.approvals_decided_twice += o.approvals_decided_twice;
         self.kills += o.kills;
         for (k, (a, b)) in &o.points_reached {
             let e = self.points_reached.entry(k.clone()).or_default();
@@ -169,12 +192,15 @@ impl Counts {
             + self.runs_stuck
             + self.runs_advanced_twice
             + self.runs_without_final
+            + self.webhook_calls_twice
+            + self.approvals_decided_twice
     }
 }
 
 const RELAY_TOML: &str = "[deliveries]\nretry_base_secs = 1\nretry_cap_secs = 2\nlifetime_secs = 600\n\
 default_lease_secs = 3\nmax_lease_secs = 30\nsweep_interval_ms = 200\n\
-[workflows]\nrun_poll_interval_ms = 200\n[limits]\nevents_per_second = 1000\nevents_burst = 1000\n";
+[workflows]\nrun_poll_interval_ms = 200\n[limits]\nevents_per_second = 1000\nevents_burst = 1000\n\
+[webhooks]\ncall_grace_secs = 1\n[communities.default]\nwebhook_allow_hosts = [\"127.0.0.1\"]\n";
 
 struct Lane {
     /// Relays of the lane: [A] or [A, B] (B serves the agent).
@@ -183,6 +209,57 @@ struct Lane {
     fx: Fixture,
     side_log: PathBuf,
     store: Arc<Store>,
+    /// Receives the runs' webhook calls.
+    hooks: HookServer,
+    /// Approves every open approval request of the lane, as a person would.
+    approver: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Lane {
+    fn drop(&mut self) {
+        self.approver.abort();
+    }
+}
+
+/// Every 300 ms, reacts `+` (as `approver`, over WebSocket) to each open
+/// approval request it has not reacted to yet. Bounded: one request is
+/// answered once; it lives as long as its lane.
+fn spawn_approver(store: Arc<Store>, url: String, approver: Keys, channel: String) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut done = std::collections::HashSet::new();
+        loop {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let open = store
+                .try_sql(&format!(
+                    "SELECT {} FROM workflow_approvals WHERE decision IS NULL",
+                    hex_expr(&store, "request_event_id")
+                ))
+                .unwrap_or_default();
+            let todo: Vec<String> = open
+                .lines()
+                .map(|l| l.trim().trim_start_matches("\\x").to_string())
+                .filter(|l| !l.is_empty() && !done.contains(l))
+                .collect();
+            if todo.is_empty() {
+                continue;
+            }
+            let Ok(mut c) = tests::Client::connect_host(&url, None).await else {
+                continue;
+            };
+            let auth = tests::client::auth_event(&approver, &c.challenge, &url);
+            c.send(serde_json::json!(["AUTH", auth])).await;
+            if wait_ok(&mut c, &auth.id.to_hex()).await != Some(true) {
+                continue;
+            }
+            for id in todo {
+                let ev = tests::event(&approver, 7, "+", &[&["e", &id], &["h", &channel]]);
+                c.send(serde_json::json!(["EVENT", ev])).await;
+                if wait_ok(&mut c, &ev.id.to_hex()).await == Some(true) {
+                    done.insert(id);
+                }
+            }
+        }
+    })
 }
 
 fn handler_script(store: &Store) -> (String, PathBuf) {
@@ -220,16 +297,38 @@ async fn lane(backend: &Backend, two_relays: bool) -> Lane {
         relays.push(Relay::start_with(store.clone(), opts));
     }
     let mut fx = Fixture::new(&relays[0], "chaos", 1).await;
-    // The run waits for the agent's answer, then for a timer, then posts
-    // the answer: every kind of wait a run has, with a side effect at the end.
+    let approver = Keys::generate();
+    let put = tests::event(&fx.owner, 9000, "", &[&["h", "chaos"], &["p", &approver.public_key().to_hex()]]);
+    fx.owner_client.publish_ok(&put).await;
+    let hooks = HookServer::start().await;
+    hooks.answer("/call", Answer::json(200, serde_json::json!({"ok": true})));
+    hooks.answer("/once", Answer::json(200, serde_json::json!({"ok": true})));
+    // The run waits for the agent's answer, then for a timer, then calls
+    // out (sent again after a crash: retry), then waits for a person's
+    // approval, then posts the answer: every kind of wait a run has, with
+    // a side effect at the end. Each message also starts a one-step run
+    // whose call never retries.
     fx.define(
         "chaos",
         &serde_json::json!({"name": "chaos", "trigger": {"on": "message_posted"}, "steps": [
             {"id": "ask", "action": "ask_agent", "text": format!("{} work on {{{{trigger.text}}}}", fx.mention(0))},
             {"id": "pause", "action": "delay", "secs": 1},
+            {"id": "call", "action": "call_webhook", "url": hooks.url("/call"), "retry": true, "timeout_secs": 2,
+             "body": {"text": "{{trigger.text}}", "reply": "{{steps.ask.output.reply}}"}},
+            {"id": "approve", "action": "request_approval", "text": "ship {{trigger.text}}?",
+             "approvers": [approver.public_key().to_hex()]},
             {"id": "final", "action": "send_message", "text": "finished {{trigger.text}}: {{steps.ask.output.reply}}"}]}),
     )
     .await;
+    fx.define(
+        "once",
+        &serde_json::json!({"name": "once", "trigger": {"on": "message_posted"}, "steps": [
+            {"id": "call", "action": "call_webhook", "url": hooks.url("/once"), "timeout_secs": 2,
+             "body": {"text": "{{trigger.text}}"}}]}),
+    )
+    .await;
+    let url = relays[0].ws_url();
+    let approver = spawn_approver(store.clone(), url, approver, "chaos".into());
     let (handler, side_log) = handler_script(&store);
     let agent_relay = relays.last().expect("a relay");
     let agent = AgentProc::start_env(
@@ -246,6 +345,8 @@ async fn lane(backend: &Backend, two_relays: bool) -> Lane {
         fx,
         side_log,
         store,
+        hooks,
+        approver,
     }
 }
 
@@ -487,7 +588,8 @@ async fn check(lane: &Lane, tag: &str, acked: &[String], c: &mut Counts) {
 async fn check_runs(lane: &Lane, tag: &str, c: &mut Counts) {
     let store = &lane.store;
     let q = format!(
-        "SELECT id, status, COALESCE(error_code, ''), trace FROM workflow_runs WHERE trigger_context LIKE '%\"{tag}%'"
+        "SELECT id, workflow_id, status, COALESCE(error_code, ''), trace FROM workflow_runs \
+         WHERE trigger_context LIKE '%\"{tag}%'"
     );
     let deadline = Instant::now() + Duration::from_secs(30);
     let runs: Vec<Vec<String>> = loop {
@@ -495,18 +597,19 @@ async fn check_runs(lane: &Lane, tag: &str, c: &mut Counts) {
             .sql_retrying(&q)
             .lines()
             .filter(|l| !l.is_empty())
-            .map(|l| l.splitn(4, '|').map(str::to_string).collect())
+            .map(|l| l.splitn(5, '|').map(str::to_string).collect())
             .collect();
         let open = runs
             .iter()
-            .any(|r| matches!(r[1].as_str(), "running" | "waiting"));
+            .any(|r| matches!(r[2].as_str(), "running" | "waiting"));
         if !open || Instant::now() > deadline {
             break runs;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     for r in &runs {
-        let (id, status, code, trace) = (&r[0], r[1].as_str(), r[2].as_str(), &r[3]);
+        let (id, workflow, status, code, trace) = (&r[0], r[1].as_str(), r[2].as_str(), r[3].as_str(), &r[4]);
+        check_side_steps(lane, id, workflow, code, c);
         let steps: Vec<String> = serde_json::from_str::<Value>(trace)
             .ok()
             .and_then(|t| t.as_array().cloned())
@@ -527,11 +630,38 @@ async fn check_runs(lane: &Lane, tag: &str, c: &mut Counts) {
         }
         match status {
             "running" | "waiting" => c.runs_stuck += 1,
-            "completed" if finals == 1 => c.runs_ended += 1,
+            "completed" if workflow == "once" || finals == 1 => c.runs_ended += 1,
             "completed" => c.runs_without_final += 1,
             _ if !code.is_empty() => c.runs_ended += 1,
             _ => c.runs_stuck += 1,
         }
+    }
+}
+
+/// A run's webhook calls and approval: a call that does not retry was
+/// received at most once (an interrupted one failed the run visibly); an
+/// approval was announced decided at most once.
+fn check_side_steps(lane: &Lane, run_id: &str, workflow: &str, code: &str, c: &mut Counts) {
+    let key = format!("{run_id}:call");
+    let path = if workflow == "once" { "/once" } else { "/call" };
+    let calls = lane
+        .hooks
+        .received(path)
+        .iter()
+        .filter(|r| r.header("idempotency-key") == Some(key.as_str()))
+        .count();
+    if workflow == "once" && calls > 1 {
+        c.webhook_calls_twice += 1;
+    }
+    if code == "interrupted" {
+        c.webhook_interrupted += 1;
+    }
+    let decisions = lane.store.sql_retrying(&format!(
+        "SELECT COUNT(*) FROM events WHERE kind = 9 AND raw LIKE '%[\"workflow-run\",\"{run_id}\"]%' \
+         AND raw LIKE '%\"workflow-approval\",\"approved\"%'"
+    ));
+    if decisions.trim().parse::<usize>().unwrap_or(0) > 1 {
+        c.approvals_decided_twice += 1;
     }
 }
 
@@ -626,7 +756,8 @@ async fn main() {
     println!(
         "chaos backend={} trials={} deliveries={} delivered={} visible_failures={} lost={} duplicate_side_effects={} \
          duplicate_replies={} replies_without_delivered={} delivered_without_reply={} stuck={} runs_ended={} \
-         runs_stuck={} runs_advanced_twice={} runs_without_final={} kills={} pg_restarts={} pg_terminations={} seconds={}",
+         runs_stuck={} runs_advanced_twice={} runs_without_final={} webhook_calls_twice={} webhook_interrupted={} \
+         approvals_decided_twice={} kills={} pg_restarts={} pg_terminations={} seconds={}",
         args.backend,
         total.trials,
         total.deliveries,
@@ -642,6 +773,9 @@ async fn main() {
         total.runs_stuck,
         total.runs_advanced_twice,
         total.runs_without_final,
+        total.webhook_calls_twice,
+        total.webhook_interrupted,
+        total.approvals_decided_twice,
         total.kills,
         pg_restarts,
         pg_terminations,
