@@ -158,21 +158,33 @@ fn spawn_call(state: &Arc<AppState>, community: &str, keys: &Keys, call: OutCall
             attempt: call.attempt,
             result,
         };
+        record_answer(&state, &community, &keys, &call.run_id, &answer).await;
+    });
+}
+
+/// Records a call's answer in its run, trying again (bounded) while the
+/// store fails: an answer lost here makes the run count the call as
+/// interrupted at its deadline (sent again only with `retry`).
+async fn record_answer(state: &AppState, community: &str, keys: &Keys, run_id: &str, answer: &CallAnswer) {
+    const TRIES: u32 = 5;
+    for i in 0..TRIES {
         let step = state
             .store
-            .execute_run_step(&community, &keys, &call.run_id, &env(&state), Some(&answer))
+            .execute_run_step(community, keys, run_id, &env(state), Some(answer))
             .await;
         match step {
             Ok(out) => {
-                announce(&state, &community, out.published);
-                wake_all(&state, &community, &keys, &out.new_deliveries).await;
+                announce(state, community, out.published);
+                wake_all(state, community, keys, &out.new_deliveries).await;
                 state.kick.kick();
+                return;
             }
             Err(e) => {
-                tracing::warn!(community, run_id = call.run_id, error = %e, "recording a webhook answer failed")
+                tracing::warn!(community, run_id, error = %e, try_n = i + 1, "recording a webhook answer failed");
+                tokio::time::sleep(Duration::from_millis(200 << i)).await;
             }
         }
-    });
+    }
 }
 
 /// Advances one run as far as it goes now.

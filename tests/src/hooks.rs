@@ -7,8 +7,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
 
 /// One request as received.
 #[derive(Debug, Clone)]
@@ -67,6 +67,24 @@ impl Drop for HookServer {
 impl HookServer {
     /// Starts on 127.0.0.1 with a free port; unknown paths answer 404.
     pub async fn start() -> HookServer {
+        Self::start_with(None).await
+    }
+
+    /// Starts serving HTTPS with a fresh self-signed certificate for `name`;
+    /// returns the server and the certificate (PEM), for the relay to trust.
+    pub async fn start_tls(name: &str) -> (HookServer, String) {
+        let rcgen::CertifiedKey { cert, key_pair } =
+            rcgen::generate_simple_self_signed(vec![name.to_string()]).expect("certificate");
+        let key = tokio_rustls::rustls::pki_types::PrivateKeyDer::Pkcs8(key_pair.serialize_der().into());
+        let config = tokio_rustls::rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.der().clone()], key)
+            .expect("tls config");
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        (Self::start_with(Some(acceptor)).await, cert.pem())
+    }
+
+    async fn start_with(tls: Option<tokio_rustls::TlsAcceptor>) -> HookServer {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let received = Arc::new(Mutex::new(Vec::new()));
@@ -75,9 +93,18 @@ impl HookServer {
         let task = tokio::spawn(async move {
             // Bounded by the test: the task is aborted when the server drops.
             while let Ok((sock, _)) = listener.accept().await {
-                let (r, a) = (r.clone(), a.clone());
+                let (r, a, tls) = (r.clone(), a.clone(), tls.clone());
                 tokio::spawn(async move {
-                    let _ = serve(sock, r, a).await;
+                    match tls {
+                        Some(acceptor) => {
+                            if let Ok(stream) = acceptor.accept(sock).await {
+                                let _ = serve(stream, r, a).await;
+                            }
+                        }
+                        None => {
+                            let _ = serve(sock, r, a).await;
+                        }
+                    }
                 });
             }
         });
@@ -117,7 +144,7 @@ impl HookServer {
 }
 
 async fn serve(
-    mut sock: TcpStream,
+    mut sock: impl AsyncRead + AsyncWrite + Unpin,
     received: Arc<Mutex<Vec<Received>>>,
     answers: Arc<Mutex<HashMap<String, Answer>>>,
 ) -> std::io::Result<()> {

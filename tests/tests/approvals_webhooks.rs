@@ -27,6 +27,7 @@ backend_tests!(
     webhook_failures_fail_the_run_with_their_code,
     the_address_guard_refuses_every_loopback_form_and_plain_http,
     a_crash_mid_call_retries_only_when_asked_with_the_same_key,
+    calls_over_tls_verify_the_server,
     reactions_trigger_workflows_without_loops,
     v2_part2_definitions_are_validated_at_publish,
 );
@@ -541,6 +542,49 @@ async fn a_crash_mid_call_retries_only_when_asked_with_the_same_key(backend: Bac
     let run = run_until(&relay, &fx.owner, &run_id, 20, ended).await;
     assert_eq!(run["error"]["code"], "interrupted", "{run}");
     assert_eq!(server.received("/ok").len(), before, "nothing was sent");
+}
+
+async fn calls_over_tls_verify_the_server(backend: Backend) {
+    // A server with a certificate for hooks.test only, trusted through
+    // webhooks.ca_file; other.test reaches the same server, whose
+    // certificate does not name it.
+    let (server, pem) = HookServer::start_tls("hooks.test").await;
+    server.answer("/ok", Answer::json(201, json!({"ticket": "tls"})));
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, pem).unwrap();
+    let toml = format!(
+        "[webhooks]\nca_file = \"{}\"\n[webhooks.resolve]\n\"hooks.test\" = [\"127.0.0.1\"]\n\
+         \"other.test\" = [\"127.0.0.1\"]\n[communities.default]\n\
+         webhook_allow_hosts = [\"hooks.test\", \"other.test\"]\n",
+        ca.display()
+    );
+    let relay = Relay::start_opts(&backend, options(&toml));
+    let mut fx = Fixture::new(&relay, "ops", 0).await;
+    let port = server.addr.port();
+    fx.define(
+        "good",
+        &webhook_def(&format!("https://hooks.test:{port}/ok"), json!({})),
+    )
+    .await;
+    fx.define(
+        "wrong",
+        &webhook_def(&format!("https://other.test:{port}/ok"), json!({})),
+    )
+    .await;
+    let good = start_run(&relay, &fx.owner, "good", json!({"text": "t", "n": 1})).await;
+    let wrong = start_run(&relay, &fx.owner, "wrong", json!({"text": "t", "n": 2})).await;
+    let run = run_until(&relay, &fx.owner, &good, 15, ended).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(
+        run["steps"][0]["output"],
+        json!({"status": 201, "body": {"ticket": "tls"}})
+    );
+    let run = run_until(&relay, &fx.owner, &wrong, 15, ended).await;
+    assert_eq!(run["error"]["code"], "webhook_unreachable", "{run}");
+    let message = run["error"]["message"].as_str().unwrap().to_lowercase();
+    assert!(message.contains("certificate"), "{message}");
+    assert_eq!(server.received("/ok").len(), 1, "the wrong name sent nothing");
 }
 
 /// Waits (10 s) for a relay armed with a kill fault to die.

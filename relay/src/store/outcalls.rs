@@ -67,7 +67,8 @@ pub struct Recorded {
     pub body: String,
 }
 
-/// Records attempt `attempt` of a step's call as `sending` until `deadline`.
+/// Records attempt `attempt` of a step's call as `sending` from `now`
+/// until `deadline`.
 #[allow(clippy::too_many_arguments)]
 pub async fn record(
     tx: &mut Tx<'_>,
@@ -77,8 +78,7 @@ pub async fn record(
     attempt: i64,
     url: &str,
     body: &str,
-    now: i64,
-    deadline: i64,
+    (now, deadline): (i64, i64),
 ) -> Result<(), StoreError> {
     tx.exec(
         Q::new(

@@ -555,14 +555,11 @@ fn approval_timeout(timeout_secs: Option<u64>) -> i64 {
     i64::try_from(timeout_secs.unwrap_or(workflow::DEFAULT_APPROVAL_TIMEOUT_SECS)).unwrap_or(i64::MAX)
 }
 
-/// Renders a `call_webhook` step's body, finds its secret, and records the
-/// call's first attempt (sent by the engine after commit): the run waits
-/// for the answer until the call's timeout and grace have passed.
+/// Renders a `call_webhook` step's body and records the call's first
+/// attempt (sent by the engine after commit): the run waits for the answer
+/// until the call's timeout and grace have passed.
 async fn start_call(tx: &mut Tx<'_>, c: &StepCtx<'_>, out: &mut StepOutcome) -> Result<Next, StoreError> {
-    let Step::CallWebhook {
-        url, body, secret, ..
-    } = c.step()
-    else {
+    let Step::CallWebhook { url, body, .. } = c.step() else {
         return Err(StoreError::Corrupt("start_call on another action".into()));
     };
     let body = match protocol::webhook::render_body(body.as_ref(), &c.run.context()) {
@@ -575,38 +572,23 @@ async fn start_call(tx: &mut Tx<'_>, c: &StepCtx<'_>, out: &mut StepOutcome) -> 
             ))
         }
     };
-    if let Some(name) = secret {
-        if outcalls::secret(tx, c.community, &c.run.workflow_id, name)
-            .await?
-            .is_none()
-        {
-            let why = Failure::new(
-                "secret_missing",
-                format!("the workflow has no secret named {name}"),
-            );
-            return Ok(c.failed(Value::Null, why, OnFailure::Fail));
-        }
-    }
-    let recorded = outcalls::Recorded {
-        attempt: 1,
-        state: "sending".into(),
-        deadline: 0,
-        url: url.clone(),
-        body,
-    };
-    send_call(tx, c, out, recorded, Next::Wait { wake_at: 0 }).await
+    Ok(match send_call(tx, c, out, 1, url, &body).await? {
+        Ok(deadline) => Next::Wait { wake_at: deadline },
+        Err(why) => c.failed(Value::Null, why, OnFailure::Fail),
+    })
 }
 
-/// Records attempt `r.attempt` of the step's call and hands it to the
-/// engine; `next` says how the run waits (its `wake_at` is the call's
-/// deadline).
+/// Records attempt `attempt` of the step's call (until its deadline, which
+/// it returns) and hands it to the engine with the sealed secret it signs
+/// with; `Err` when that secret is not set.
 async fn send_call(
     tx: &mut Tx<'_>,
     c: &StepCtx<'_>,
     out: &mut StepOutcome,
-    r: outcalls::Recorded,
-    next: Next,
-) -> Result<Next, StoreError> {
+    attempt: i64,
+    url: &str,
+    body: &str,
+) -> Result<Result<i64, Failure>, StoreError> {
     let Step::CallWebhook {
         method,
         secret,
@@ -616,47 +598,36 @@ async fn send_call(
     else {
         return Err(StoreError::Corrupt("send_call on another action".into()));
     };
+    let sealed = match secret {
+        Some(name) => match outcalls::secret(tx, c.community, &c.run.workflow_id, name).await? {
+            Some(sealed) => Some(sealed),
+            None => {
+                let why = format!("the workflow has no secret named {name}");
+                return Ok(Err(Failure::new("secret_missing", why)));
+            }
+        },
+        None => None,
+    };
     let timeout = timeout_secs.unwrap_or(workflow::DEFAULT_WEBHOOK_TIMEOUT_SECS);
     let wait = i64::try_from(timeout.saturating_add(c.env.call_grace_secs)).unwrap_or(i64::MAX);
     let deadline = c.now.saturating_add(wait);
     let step_id = c.step().id();
-    outcalls::record(
-        tx,
-        c.community,
-        c.run_id,
-        step_id,
-        r.attempt,
-        &r.url,
-        &r.body,
-        c.now,
-        deadline,
-    )
-    .await?;
-    let sealed = match secret {
-        Some(name) => outcalls::secret(tx, c.community, &c.run.workflow_id, name).await?,
-        None => None,
-    };
-    if secret.is_some() && sealed.is_none() {
-        let why = Failure::new("secret_missing", "the workflow's secret was removed");
-        return Ok(c.failed(Value::Null, why, OnFailure::Fail));
-    }
+    let times = (c.now, deadline);
+    outcalls::record(tx, c.community, c.run_id, step_id, attempt, url, body, times).await?;
     out.calls.push(OutCall {
         workflow_id: c.run.workflow_id.clone(),
         run_id: c.run_id.to_string(),
         step_id: step_id.to_string(),
-        attempt: r.attempt,
-        url: r.url,
+        attempt,
+        url: url.to_string(),
         method: *method,
-        body: r.body,
+        body: body.to_string(),
         idempotency_key: protocol::webhook::idempotency_key(c.run_id, step_id),
         secret: sealed,
         timeout_secs: timeout,
     });
     faults::check("webhook:after_record")?;
-    Ok(match next {
-        Next::Wait { .. } => Next::Wait { wake_at: deadline },
-        _ => Next::Rewait { wake_at: deadline },
-    })
+    Ok(Ok(deadline))
 }
 
 /// An `ask_agent` step's timeout in seconds (its default when unset).
@@ -954,11 +925,12 @@ async fn resume_call(
     }
     faults::check("webhook:before_interrupted")?;
     if *retry {
-        let again = outcalls::Recorded {
-            attempt: r.attempt + 1,
-            ..r
-        };
-        return send_call(tx, c, out, again, Next::StillWaiting).await;
+        return Ok(
+            match send_call(tx, c, out, r.attempt + 1, &r.url, &r.body).await? {
+                Ok(deadline) => Next::Rewait { wake_at: deadline },
+                Err(why) => c.failed(Value::Null, why, OnFailure::Fail),
+            },
+        );
     }
     outcalls::end(tx, c.community, c.run_id, step_id, None, c.now).await?;
     let why = Failure::new(

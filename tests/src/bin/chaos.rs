@@ -223,43 +223,72 @@ impl Drop for Lane {
 
 /// Every 300 ms, reacts `+` (as `approver`, over WebSocket) to each open
 /// approval request it has not reacted to yet. Bounded: one request is
-/// answered once; it lives as long as its lane.
-fn spawn_approver(store: Arc<Store>, url: String, approver: Keys, channel: String) -> tokio::task::JoinHandle<()> {
+/// answered once; it lives as long as its lane. Each round runs as a task
+/// of its own: the test client panics when a relay dies under it, and that
+/// must cost one round, not the approver.
+fn spawn_approver(
+    store: Arc<Store>,
+    url: String,
+    approver: Keys,
+    channel: String,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let mut done = std::collections::HashSet::new();
+        let done = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
         loop {
             tokio::time::sleep(Duration::from_millis(300)).await;
-            let open = store
-                .try_sql(&format!(
-                    "SELECT {} FROM workflow_approvals WHERE decision IS NULL",
-                    hex_expr(&store, "request_event_id")
-                ))
-                .unwrap_or_default();
-            let todo: Vec<String> = open
-                .lines()
-                .map(|l| l.trim().trim_start_matches("\\x").to_string())
-                .filter(|l| !l.is_empty() && !done.contains(l))
-                .collect();
-            if todo.is_empty() {
-                continue;
-            }
-            let Ok(mut c) = tests::Client::connect_host(&url, None).await else {
-                continue;
-            };
-            let auth = tests::client::auth_event(&approver, &c.challenge, &url);
-            c.send(serde_json::json!(["AUTH", auth])).await;
-            if wait_ok(&mut c, &auth.id.to_hex()).await != Some(true) {
-                continue;
-            }
-            for id in todo {
-                let ev = tests::event(&approver, 7, "+", &[&["e", &id], &["h", &channel]]);
-                c.send(serde_json::json!(["EVENT", ev])).await;
-                if wait_ok(&mut c, &ev.id.to_hex()).await == Some(true) {
-                    done.insert(id);
-                }
-            }
+            let round = approve_open(
+                store.clone(),
+                url.clone(),
+                approver.clone(),
+                channel.clone(),
+                done.clone(),
+            );
+            let _ = tokio::spawn(round).await;
         }
     })
+}
+
+/// One round of the approver: reacts to the open requests not yet approved.
+async fn approve_open(
+    store: Arc<Store>,
+    url: String,
+    approver: Keys,
+    channel: String,
+    done: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+) {
+    let q = format!(
+        "SELECT {} FROM workflow_approvals WHERE decision IS NULL",
+        hex_expr(&store, "request_event_id")
+    );
+    let open = tokio::task::spawn_blocking(move || store.try_sql(&q).unwrap_or_default())
+        .await
+        .unwrap_or_default();
+    let todo: Vec<String> = {
+        let done = done.lock().expect("approver state");
+        open.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !done.contains(*l))
+            .map(str::to_string)
+            .collect()
+    };
+    if todo.is_empty() {
+        return;
+    }
+    let Ok(mut c) = tests::Client::connect_host(&url, None).await else {
+        return;
+    };
+    let auth = tests::client::auth_event(&approver, &c.challenge, &url);
+    c.send(serde_json::json!(["AUTH", auth])).await;
+    if wait_ok(&mut c, &auth.id.to_hex()).await != Some(true) {
+        return;
+    }
+    for id in todo {
+        let ev = tests::event(&approver, 7, "+", &[&["e", &id], &["h", &channel]]);
+        c.send(serde_json::json!(["EVENT", ev])).await;
+        if wait_ok(&mut c, &ev.id.to_hex()).await == Some(true) {
+            done.lock().expect("approver state").insert(id);
+        }
+    }
 }
 
 fn handler_script(store: &Store) -> (String, PathBuf) {
@@ -298,7 +327,12 @@ async fn lane(backend: &Backend, two_relays: bool) -> Lane {
     }
     let mut fx = Fixture::new(&relays[0], "chaos", 1).await;
     let approver = Keys::generate();
-    let put = tests::event(&fx.owner, 9000, "", &[&["h", "chaos"], &["p", &approver.public_key().to_hex()]]);
+    let put = tests::event(
+        &fx.owner,
+        9000,
+        "",
+        &[&["h", "chaos"], &["p", &approver.public_key().to_hex()]],
+    );
     fx.owner_client.publish_ok(&put).await;
     let hooks = HookServer::start().await;
     hooks.answer("/call", Answer::json(200, serde_json::json!({"ok": true})));
@@ -628,6 +662,30 @@ async fn check_runs(lane: &Lane, tag: &str, c: &mut Counts) {
         if unique.len() != steps.len() || finals > 1 {
             c.runs_advanced_twice += 1;
         }
+        if matches!(status, "running" | "waiting") {
+            // Say where it stands, for whoever reads the campaign's log.
+            let row = store.sql_retrying(&format!(
+                "SELECT workflow_id, status, current_step, wake_at, {} FROM workflow_runs WHERE id = '{id}'",
+                lane.store_now()
+            ));
+            let calls = store.sql_retrying(&format!(
+                "SELECT step_id, attempt, state, deadline, COALESCE(error_code, '') FROM workflow_webhook_calls \
+                 WHERE run_id = '{id}'"
+            ));
+            let approvals = store.sql_retrying(&format!(
+                "SELECT step_id, COALESCE(decision, 'open') FROM workflow_approvals WHERE run_id = '{id}'"
+            ));
+            let wakes = store.sql_retrying(&format!(
+                "SELECT delivery_id FROM workflow_run_wakes WHERE run_id = '{id}'"
+            ));
+            eprintln!(
+                "stuck run {id}: {} | calls: {} | approvals: {} | wakes: {}",
+                row.trim(),
+                calls.trim(),
+                approvals.trim(),
+                wakes.trim()
+            );
+        }
         match status {
             "running" | "waiting" => c.runs_stuck += 1,
             "completed" if workflow == "once" || finals == 1 => c.runs_ended += 1,
@@ -662,6 +720,16 @@ fn check_side_steps(lane: &Lane, run_id: &str, workflow: &str, code: &str, c: &m
     ));
     if decisions.trim().parse::<usize>().unwrap_or(0) > 1 {
         c.approvals_decided_twice += 1;
+    }
+}
+
+impl Lane {
+    /// The database's clock in unix seconds, as SQL.
+    fn store_now(&self) -> &'static str {
+        match self.store.backend {
+            Backend::Sqlite => "CAST(strftime('%s','now') AS INTEGER)",
+            Backend::Postgres(_) => "CAST(EXTRACT(EPOCH FROM now()) AS BIGINT)",
+        }
     }
 }
 
