@@ -297,6 +297,14 @@ pub struct WebhookSecret {
     pub secret: String,
 }
 
+/// `GET /healthz` and `GET /readyz`: `ok`, or `unready` with the reason.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Health {
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
 /// Longest value of a workflow secret.
 pub const MAX_SECRET_BYTES: usize = 4096;
 

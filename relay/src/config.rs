@@ -19,8 +19,12 @@ pub struct Config {
     pub listen: Listen,
     /// `sqlite://path` (embedded, default) or `postgres://…`.
     pub database_url: String,
-    /// Log filter in `RUST_LOG` syntax.
-    pub log: String,
+    /// Log filter in `RUST_LOG` syntax (`--log`, `RELAY_LOG`, the file);
+    /// unset: the `RUST_LOG` environment variable, else `info`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log: Option<String>,
+    /// `text` (human lines) or `json` (one object per line).
+    pub log_format: LogFormat,
     /// Name published in NIP-11.
     pub name: String,
     /// Description published in NIP-11.
@@ -64,7 +68,8 @@ impl Default for Config {
         Self {
             listen: Listen::default(),
             database_url: "sqlite://relay.db".into(),
-            log: "info".into(),
+            log: None,
+            log_format: LogFormat::Text,
             name: "nostr relay with durable agent delivery".into(),
             description: "Multi-community Nostr relay with workflows and managed-agent delivery.".into(),
             p_gated_kinds: vec![protocol::kinds::WAKE_HINT, protocol::kinds::GIFT_WRAP],
@@ -589,6 +594,26 @@ impl<'de> Deserialize<'de> for Listen {
             ));
         }
         Ok(Listen(out))
+    }
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+impl Config {
+    /// The log filter in force: `log` (flag, `RELAY_LOG`, file), else
+    /// `RUST_LOG`, else `info`.
+    pub fn log_filter(&self) -> String {
+        self.log
+            .clone()
+            .or_else(|| std::env::var("RUST_LOG").ok().filter(|s| !s.trim().is_empty()))
+            .unwrap_or_else(|| "info".into())
     }
 }
 

@@ -284,6 +284,9 @@ pub async fn run(state: Arc<AppState>) {
         if sweep_due {
             last_sweep = now;
         }
+        state
+            .engine_beat
+            .store(crate::clock::unix_now_ms(), std::sync::atomic::Ordering::Relaxed);
         pass(&state, &mut keys, schedules_due, sweep_due).await;
         let nap = run_every.min(sweep_every);
         tokio::select! {

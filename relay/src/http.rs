@@ -23,6 +23,11 @@ pub fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Resp
     (status, Json(body)).into_response()
 }
 
+/// Who made an HTTP call, for the access log: the router puts an empty
+/// one in every request, and NIP-98 verification fills it.
+#[derive(Clone, Default)]
+pub struct Caller(pub Arc<std::sync::OnceLock<String>>);
+
 /// The community named by the request's `Host` header (fails closed).
 pub struct Tenant {
     pub community: Arc<Community>,
@@ -112,6 +117,9 @@ async fn nip98(
     };
     let event = protocol::nip98::verify(header, &req)
         .map_err(|e| error(StatusCode::UNAUTHORIZED, e.code(), e.to_string()))?;
+    if let Some(caller) = parts.extensions.get::<Caller>() {
+        let _ = caller.0.set(event.pubkey.to_hex());
+    }
     Ok((tenant, event, body))
 }
 

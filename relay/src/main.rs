@@ -145,11 +145,7 @@ fn main() -> anyhow::Result<()> {
     };
     let cfg =
         Config::load(cli.config.as_deref(), &overrides).map_err(|e| anyhow::anyhow!("configuration: {e}"))?;
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&cfg.log).unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    init_logs(&cfg)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         match cli.command.unwrap_or(Command::Serve) {
@@ -159,6 +155,25 @@ fn main() -> anyhow::Result<()> {
             Command::Runs { community, command } => runs(cfg, &community, command).await,
         }
     })
+}
+
+/// Logs to stderr with the configured filter and format. A filter that
+/// does not parse is an error (it used to fall back to `info` silently).
+fn init_logs(cfg: &Config) -> anyhow::Result<()> {
+    let spec = cfg.log_filter();
+    let filter = tracing_subscriber::EnvFilter::builder()
+        .parse(&spec)
+        .map_err(|e| anyhow::anyhow!("log filter {spec:?} does not parse: {e}"))?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cfg.log_format {
+        relay::config::LogFormat::Json => builder.json().flatten_event(true).init(),
+        relay::config::LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+    }
+    Ok(())
 }
 
 /// Opens the store a command other than `serve` reads: it must exist (only

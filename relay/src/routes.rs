@@ -30,9 +30,96 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/", get(root))
         .route("/me", get(me))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .merge(crate::api::routes())
+        .layer(axum::middleware::from_fn(access_log))
         .layer(cors)
         .with_state(state)
+}
+
+/// One line per HTTP call (target `access`, so `access=off` silences it):
+/// method, path, status, duration and the NIP-98 caller when there was one.
+async fn access_log(mut req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let caller = crate::http::Caller::default();
+    req.extensions_mut().insert(caller.clone());
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let started = std::time::Instant::now();
+    let resp = next.run(req).await;
+    tracing::info!(
+        target: "access",
+        %method,
+        path,
+        status = resp.status().as_u16(),
+        duration_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+        caller = caller.0.get().map_or("-", String::as_str),
+        "http"
+    );
+    resp
+}
+
+/// `GET /healthz`: 200 while the process serves, on any host.
+async fn healthz() -> Response {
+    Json(protocol::api::Health {
+        status: "ok".into(),
+        reason: None,
+    })
+    .into_response()
+}
+
+/// How long the database may take to answer `/readyz`.
+const READY_DB_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `GET /readyz`: 200 when the database answers, both store writers take
+/// work and the workflow engine began a pass lately; else 503 with the
+/// first reason. On any host (load balancers and orchestrators ask it).
+async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    let reason = match unready(&state).await {
+        None => {
+            return Json(protocol::api::Health {
+                status: "ok".into(),
+                reason: None,
+            })
+            .into_response()
+        }
+        Some(r) => r,
+    };
+    let body = protocol::api::Health {
+        status: "unready".into(),
+        reason: Some(reason),
+    };
+    (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
+}
+
+/// Why the relay is not ready, if it is not.
+async fn unready(state: &AppState) -> Option<String> {
+    if state.shutdown.is_cancelled() {
+        return Some("shutting down".into());
+    }
+    if !state.store.writers_alive() {
+        return Some("a store writer stopped".into());
+    }
+    // A pass begins at least every run or sweep interval; one that takes
+    // far longer than that is stuck (or the engine is gone).
+    let every_ms = state
+        .cfg
+        .workflows
+        .run_poll_interval_ms
+        .min(state.cfg.deliveries.sweep_interval_ms);
+    let stale_ms = every_ms.saturating_mul(10).max(30_000);
+    let beat = state.engine_beat.load(std::sync::atomic::Ordering::Relaxed);
+    if beat == 0 || crate::clock::unix_now_ms().saturating_sub(beat) > stale_ms {
+        return Some("the workflow engine is not running".into());
+    }
+    match tokio::time::timeout(READY_DB_TIMEOUT, state.store.ping()).await {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(format!("database: {e}")),
+        Err(_) => Some(format!(
+            "database: no answer within {} s",
+            READY_DB_TIMEOUT.as_secs()
+        )),
+    }
 }
 
 /// `GET /me`: who the caller is in this community (NIP-98).

@@ -56,6 +56,10 @@ pub struct AppState {
     pub secrets: crate::secrets::SecretsKey,
     /// Sends `call_webhook` steps' requests.
     pub outcaller: Arc<crate::outcall::Outcaller>,
+    /// When the workflow engine last began a pass (unix milliseconds; 0:
+    /// not yet): `/readyz` reads it to tell a running engine from one that
+    /// stopped.
+    pub engine_beat: std::sync::atomic::AtomicU64,
 }
 
 impl AppState {
@@ -87,6 +91,7 @@ impl AppState {
             output,
             secrets,
             outcaller: Arc::new(outcaller),
+            engine_beat: std::sync::atomic::AtomicU64::new(0),
         }
     }
 

@@ -255,6 +255,13 @@ pub(crate) struct Calls {
     txs: Vec<mpsc::Sender<Box<dyn Queued>>>,
 }
 
+impl Calls {
+    /// Whether every call writer still takes calls.
+    pub(crate) fn alive(&self) -> bool {
+        self.txs.iter().all(|t| !t.is_closed())
+    }
+}
+
 /// How the call writers run (their queue and batch bounds, and the one
 /// configuration their calls read).
 pub(crate) struct WriterSetup {

@@ -278,6 +278,12 @@ pub trait Store: WorkflowStore + Send + Sync + 'static {
         Ok(())
     }
 
+    /// Whether the database answers a trivial statement now.
+    async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Whether both writers (events, calls) still take work.
+    fn writers_alive(&self) -> bool;
+
     /// Flushes and closes connections.
     async fn close(&self);
 }

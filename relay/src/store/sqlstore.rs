@@ -333,6 +333,14 @@ impl Store for SqlStore {
         Ok(())
     }
 
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.pool.all(Q::new("SELECT 1")).await.map(|_| ())
+    }
+
+    fn writers_alive(&self) -> bool {
+        !self.writer.is_closed() && self.calls.alive()
+    }
+
     async fn close(&self) {
         self.pool.close().await;
     }

@@ -1,0 +1,137 @@
+//! Operating the relay (PROTOCOL section 11): health and readiness as a
+//! load balancer asks for them, on any host.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tests::{backend_tests, Backend, Relay, RelayOptions};
+
+backend_tests!(health_and_readiness_answer_on_any_host);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rust_log_is_honoured_with_json_lines_and_an_access_log() {
+    let relay = Relay::start_opts(
+        &Backend::Sqlite,
+        RelayOptions {
+            config_toml: "log_format = \"json\"\n".into(),
+            env: vec![("RUST_LOG".into(), "warn,access=info".into())],
+        },
+    );
+    let who = nostr::prelude::Keys::generate();
+    let (status, _) = tests::http_nip98(
+        &relay.http_url(),
+        &relay.addr.to_string(),
+        &who,
+        "GET",
+        "/me",
+        b"",
+    )
+    .await;
+    assert_eq!(status, 200);
+    get(&relay, "127.0.0.1", "/healthz").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let log = relay.log();
+    let lines: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}")))
+        .collect();
+    let access: Vec<&Value> = lines.iter().filter(|l| l["target"] == "access").collect();
+    let me = access
+        .iter()
+        .find(|l| l["path"] == "/me")
+        .unwrap_or_else(|| panic!("no access line for /me: {log}"));
+    assert_eq!(me["method"], "GET");
+    assert_eq!(me["status"], 200);
+    assert_eq!(me["caller"], who.public_key().to_hex());
+    assert!(me["duration_us"].as_u64().is_some(), "{me}");
+    let health = access
+        .iter()
+        .find(|l| l["path"] == "/healthz")
+        .expect("healthz line");
+    assert_eq!(health["caller"], "-");
+    // RUST_LOG said warn for everything else: no info line of the relay's.
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l["level"] == "INFO" && l["target"] != "access"),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_log_filter_that_does_not_parse_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("r.db").display());
+    for (args, env) in [
+        (vec!["--log", "relay=loudest"], vec![]),
+        (vec![], vec![("RUST_LOG", "info,relay=loudest")]),
+    ] {
+        let mut all = vec!["--database-url", db.as_str(), "--listen", "127.0.0.1:0"];
+        all.extend(args);
+        let out = tests::relay::run_relay(&all, &env, dir.path(), Duration::from_secs(20));
+        assert_ne!(out.code, Some(0), "{out:?}");
+        assert!(out.code.is_some(), "it must exit, not serve: {out:?}");
+        assert!(out.stderr.contains("log filter"), "{}", out.stderr);
+    }
+}
+
+/// `GET <path>` with `Host: host`; status and JSON body.
+async fn get(relay: &Relay, host: &str, path: &str) -> (u16, Value) {
+    tests::http_raw(&relay.http_url(), host, "GET", path, None, b"").await
+}
+
+/// Polls `/readyz` until its status is `want` (within `secs`).
+async fn ready_becomes(relay: &Relay, want: u16, secs: u64) -> Value {
+    let mut last = Value::Null;
+    for _ in 0..secs * 5 {
+        let (status, body) = get(relay, "127.0.0.1", "/readyz").await;
+        if status == want {
+            return body;
+        }
+        last = json!({"status": status, "body": body});
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("/readyz did not answer {want} within {secs} s: {last}");
+}
+
+async fn health_and_readiness_answer_on_any_host(backend: Backend) {
+    let relay = Relay::start(&backend);
+    for host in ["127.0.0.1", "lb.internal.example"] {
+        let (status, body) = get(&relay, host, "/healthz").await;
+        assert_eq!((status, body), (200, json!({"status": "ok"})), "host {host:?}");
+    }
+    let body = ready_becomes(&relay, 200, 10).await;
+    assert_eq!(body, json!({"status": "ok"}));
+    let (status, body) = get(&relay, "no-such-community.example", "/readyz").await;
+    assert_eq!((status, body), (200, json!({"status": "ok"})));
+    // Community routes still fail closed for an unknown host.
+    let (status, body) = get(&relay, "no-such-community.example", "/").await;
+    assert_eq!(status, 404, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_follows_postgresql_down_and_back() {
+    let Some(server) = tests::pg::own_server() else {
+        return;
+    };
+    let server = Arc::new(server);
+    let relay = Relay::start_opts(
+        &Backend::Postgres(server.clone()),
+        RelayOptions {
+            config_toml: "[postgres]\nacquire_timeout_ms = 1000\n".into(),
+            ..Default::default()
+        },
+    );
+    ready_becomes(&relay, 200, 10).await;
+    server.stop();
+    let body = ready_becomes(&relay, 503, 15).await;
+    assert_eq!(body["status"], "unready", "{body}");
+    let reason = body["reason"].as_str().unwrap_or_default();
+    assert!(reason.starts_with("database"), "{reason}");
+    // The process itself still serves.
+    let (status, _) = get(&relay, "127.0.0.1", "/healthz").await;
+    assert_eq!(status, 200);
+    server.start_again();
+    ready_becomes(&relay, 200, 30).await;
+}
