@@ -283,6 +283,38 @@ pub struct DeliveryView {
     pub updated_at: i64,
 }
 
+/// One attempt of a delivery: claimed, and (once over) how it ended:
+/// `delivered`, `failed`, `expired`, `cancelled`, `retry` (the agent asked
+/// for another attempt) or `lease_expired` (the lease ran out first).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptView {
+    pub attempt: i64,
+    pub claimed_at: i64,
+    pub finished_at: Option<i64>,
+    pub outcome: Option<String>,
+    pub failure_code: Option<String>,
+    /// At most 1 KiB.
+    pub failure_message: Option<String>,
+}
+
+/// An operation an agent recorded in an attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperationView {
+    pub attempt: i64,
+    pub name: String,
+    pub effect: String,
+}
+
+/// `GET /deliveries/<id>` (its target or its workflow's owner): the
+/// delivery with every attempt and recorded operation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeliveryDetail {
+    #[serde(flatten)]
+    pub delivery: DeliveryView,
+    pub attempts: Vec<AttemptView>,
+    pub operations: Vec<OperationView>,
+}
+
 /// `GET /deliveries`: the caller's own, newest first.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeliveriesPage {

@@ -28,6 +28,7 @@ pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
         .route("/deliveries", get(list_deliveries))
         .route("/deliveries/claim", post(claim))
+        .route("/deliveries/{id}", get(show_delivery))
         .route("/deliveries/{id}/renew", post(renew))
         .route("/deliveries/{id}/operations", post(operation))
         .route("/deliveries/{id}/finish", post(finish))
@@ -390,6 +391,20 @@ async fn list_runs(
             next_before: next,
         }
     })
+}
+
+/// `GET /deliveries/<id>`: the delivery with its attempts and operations,
+/// for its target and its workflow's owner.
+async fn show_delivery(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth: Authed) -> Response {
+    if let Some(r) = limited(&state, &auth.tenant, &auth.pubkey) {
+        return r;
+    }
+    let community = &auth.tenant.community.id;
+    let r = state
+        .store
+        .show_delivery(community, &id, Some(&auth.pubkey))
+        .await;
+    answer(r, |detail| detail)
 }
 
 /// `GET /runs/<run id>`: one run with its steps, for its workflow's owner.

@@ -259,23 +259,30 @@ async fn deliveries(cfg: Config, community: &str, command: DeliveriesCommand) ->
     let store = open_existing(&cfg).await?;
     let result = async {
         match command {
-            DeliveriesCommand::List { status, target, limit } => {
-                let target = target.map(|t| nostr::prelude::PublicKey::from_hex(&t)).transpose()?;
-                for d in store.list_deliveries(community, target.as_ref(), status, None, limit).await? {
+            DeliveriesCommand::List {
+                status,
+                target,
+                limit,
+            } => {
+                let target = target
+                    .map(|t| nostr::prelude::PublicKey::from_hex(&t))
+                    .transpose()?;
+                for d in store
+                    .list_deliveries(community, target.as_ref(), status, None, limit)
+                    .await?
+                {
                     println!("{}", serde_json::to_string(&d.list_view())?);
                 }
                 Ok(())
             }
             DeliveriesCommand::Show { id } => {
-                let Some((d, ops)) = store.show_delivery(community, &id).await? else {
-                    anyhow::bail!("no delivery {id} in community {community}");
-                };
-                let mut v = serde_json::to_value(d.list_view())?;
-                v["operations"] = ops
-                    .iter()
-                    .map(|(attempt, name, effect)| serde_json::json!({"attempt": attempt, "name": name, "effect": effect}))
-                    .collect();
-                println!("{v}");
+                match store.show_delivery(community, &id, None).await {
+                    Ok(detail) => println!("{}", serde_json::to_string(&detail)?),
+                    Err(relay::store::refusal::CallError::Refused(_)) => {
+                        anyhow::bail!("no delivery {id} in community {community}")
+                    }
+                    Err(relay::store::refusal::CallError::Store(e)) => return Err(e.into()),
+                }
                 Ok(())
             }
         }

@@ -5,9 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use tests::workflow::{api, claim_when_due, finish, Fixture};
 use tests::{backend_tests, Backend, Relay, RelayOptions};
 
-backend_tests!(health_and_readiness_answer_on_any_host);
+backend_tests!(
+    health_and_readiness_answer_on_any_host,
+    attempts_are_kept_with_their_causes
+);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rust_log_is_honoured_with_json_lines_and_an_access_log() {
@@ -134,4 +138,80 @@ async fn readiness_follows_postgresql_down_and_back() {
     assert_eq!(status, 200);
     server.start_again();
     ready_becomes(&relay, 200, 30).await;
+}
+
+async fn attempts_are_kept_with_their_causes(backend: Backend) {
+    let relay = Relay::start_opts(
+        &backend,
+        RelayOptions {
+            config_toml: "[deliveries]\nretry_base_secs = 1\nretry_cap_secs = 1\nsweep_interval_ms = 200\n"
+                .into(),
+            ..Default::default()
+        },
+    );
+    let mut fx = Fixture::new(&relay, "ops", 1).await;
+    let agent = fx.agents[0].clone();
+    let text = format!("{} check the logs", fx.mention(0));
+    fx.define("check", &tests::workflow::on_message(&text)).await;
+    fx.post("disk full").await;
+    // Attempt 1: the agent asks for a retry, with its reason.
+    let d = claim_when_due(&relay, &agent, json!({})).await;
+    let id = d["id"].as_str().unwrap().to_string();
+    let (status, v) = finish(
+        &relay,
+        &agent,
+        &id,
+        &json!({"claim_token": d["claim_token"], "outcome": "retry", "failure_code": "busy",
+                "failure_message": "try later"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    // Attempt 2: the lease (1 s) runs out; the sweeper ends it (a lapsed
+    // lease fails the delivery: the agent may have acted).
+    let d = claim_when_due(&relay, &agent, json!({"lease_seconds": 1})).await;
+    assert_eq!(d["id"], id.as_str());
+    let path = format!("/deliveries/{id}");
+    let mut shown = Value::Null;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        shown = api(&relay, &agent, "GET", &path, None).await.1;
+        if shown["status"] == "failed" {
+            break;
+        }
+    }
+    assert_eq!(shown["id"], id.as_str());
+    assert_eq!(shown["status"], "failed", "{shown}");
+    let attempts = shown["attempts"].as_array().expect("attempts");
+    let outcomes: Vec<(i64, &str, Value)> = attempts
+        .iter()
+        .map(|a| {
+            (
+                a["attempt"].as_i64().unwrap(),
+                a["outcome"].as_str().unwrap(),
+                a["failure_code"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        [(1, "retry", json!("busy")), (2, "failed", json!("lease_expired"))],
+        "{shown}"
+    );
+    assert_eq!(attempts[0]["failure_message"], "try later");
+    for a in attempts {
+        assert!(
+            a["claimed_at"].as_i64().unwrap() <= a["finished_at"].as_i64().unwrap(),
+            "{a}"
+        );
+    }
+    // The workflow's owner sees it too; anyone else does not.
+    let (status, by_owner) = api(&relay, &fx.owner, "GET", &path, None).await;
+    assert_eq!((status, &by_owner), (200, &shown));
+    let (status, v) = api(&relay, &nostr::prelude::Keys::generate(), "GET", &path, None).await;
+    assert_eq!(status, 403, "{v}");
+    let (status, _) = api(&relay, &agent, "GET", "/deliveries/nope", None).await;
+    assert_eq!(status, 404);
+    // The operator's CLI shows the same history.
+    let cli: Value = serde_json::from_str(relay.cli(&["deliveries", "show", &id]).trim()).unwrap();
+    assert_eq!(cli["attempts"], shown["attempts"]);
 }

@@ -146,12 +146,14 @@ pub trait WorkflowStore: Send + Sync {
         limit: u32,
     ) -> Result<Vec<Delivery>, StoreError>;
 
-    /// One delivery with its recorded operations (attempt, name, effect).
+    /// One delivery with its attempts and recorded operations; with
+    /// `caller`, only for the delivery's target or its workflow's owner.
     async fn show_delivery(
         &self,
         community: &str,
         id: &str,
-    ) -> Result<Option<(Delivery, Vec<(i64, String, String)>)>, StoreError>;
+        caller: Option<&PublicKey>,
+    ) -> Answer<protocol::api::DeliveryDetail>;
 
     /// Expires and lapses what is due; returns the notices to announce.
     async fn sweep_deliveries(
@@ -374,13 +376,16 @@ impl WorkflowStore for SqlStore {
         &self,
         community: &str,
         id: &str,
-    ) -> Result<Option<(Delivery, Vec<(i64, String, String)>)>, StoreError> {
+        caller: Option<&PublicKey>,
+    ) -> Answer<protocol::api::DeliveryDetail> {
         let mut tx = self.pool.read().await?;
-        let Some(d) = deliveries::show(&mut tx, community, id).await? else {
-            return Ok(None);
-        };
-        let ops = deliveries::operations(&mut tx, community, id).await?;
-        Ok(Some((d, ops)))
+        let (d, detail) = deliveries::show(&mut tx, community, id)
+            .await?
+            .ok_or(Refusal::NoDelivery)?;
+        if let Some(caller) = caller.filter(|c| !d.for_caller(c)) {
+            workflows::owned(&mut tx, community, &d.workflow_id, caller, false).await?;
+        }
+        Ok(detail)
     }
 
     async fn sweep_deliveries(

@@ -113,7 +113,7 @@ impl Delivery {
     }
 
     /// Whether `caller` is the row's target.
-    fn for_caller(&self, caller: &PublicKey) -> bool {
+    pub(crate) fn for_caller(&self, caller: &PublicKey) -> bool {
         self.target == caller.to_bytes()
     }
 
@@ -746,11 +746,11 @@ async fn transition_row(
     let (status, code, message) = match decided {
         Transition::Deliver => return Ok((Status::Delivered, None)),
         Transition::Backoff { next_attempt_at } => {
-            to_pending(tx, community, &d.id, next_attempt_at, now).await?;
+            to_pending(tx, community, d, next_attempt_at, now, &agent).await?;
             return Ok((Status::Pending, None));
         }
         Transition::Redeliver => {
-            to_pending(tx, community, &d.id, now, now).await?;
+            to_pending(tx, community, d, now, now, &agent).await?;
             return Ok((Status::Pending, None));
         }
         Transition::Fail(Failure::Agent) => (Status::Failed, agent.0, agent.1),
@@ -765,13 +765,16 @@ async fn transition_row(
     Ok((status, Some(notice)))
 }
 
-/// `claimed -> pending`, due at `next_attempt_at`.
+/// `claimed -> pending`, due at `next_attempt_at`; the attempt ends with
+/// its cause: the agent's `retry` (with its code and message), or
+/// `lease_expired` (the sweeper, which passes no agent code).
 async fn to_pending(
     tx: &mut Tx<'_>,
     community: &str,
-    id: &str,
+    d: &Delivery,
     next_attempt_at: i64,
     now: i64,
+    agent: &(&str, Option<String>),
 ) -> Result<(), StoreError> {
     tx.exec(
         Q::new(
@@ -780,9 +783,27 @@ async fn to_pending(
              WHERE community_id = $1 AND id = $2",
         )
         .bind(community)
-        .bind(id)
+        .bind(d.id.as_str())
         .bind(next_attempt_at)
         .bind(now),
+    )
+    .await?;
+    let (outcome, code) = match agent.0 {
+        "" => ("lease_expired", None),
+        code => ("retry", Some(code.to_string())),
+    };
+    tx.exec(
+        Q::new(
+            "UPDATE delivery_attempts SET finished_at = $4, outcome = $5, failure_code = $6, failure_message = $7 \
+             WHERE community_id = $1 AND delivery_id = $2 AND attempt = $3 AND finished_at IS NULL",
+        )
+        .bind(community)
+        .bind(d.id.as_str())
+        .bind(d.attempt)
+        .bind(now)
+        .bind(outcome)
+        .bind(code)
+        .bind(agent.1.clone()),
     )
     .await?;
     Ok(())
@@ -948,9 +969,61 @@ pub async fn list_own(
     tx.all(q).await?.iter().map(delivery).collect()
 }
 
-/// One delivery by id (operators).
-pub async fn show(tx: &mut Tx<'_>, community: &str, id: &str) -> Result<Option<Delivery>, StoreError> {
-    load(tx, community, id).await
+/// One delivery by id with its attempts and operations.
+pub async fn show(
+    tx: &mut Tx<'_>,
+    community: &str,
+    id: &str,
+) -> Result<Option<(Delivery, protocol::api::DeliveryDetail)>, StoreError> {
+    let Some(d) = load(tx, community, id).await? else {
+        return Ok(None);
+    };
+    let operations = operations(tx, community, id)
+        .await?
+        .into_iter()
+        .map(|(attempt, name, effect)| protocol::api::OperationView {
+            attempt,
+            name,
+            effect,
+        })
+        .collect();
+    let attempts = attempts(tx, community, id).await?;
+    let detail = protocol::api::DeliveryDetail {
+        delivery: d.list_view(),
+        attempts,
+        operations,
+    };
+    Ok(Some((d, detail)))
+}
+
+/// Every attempt of a delivery, first first.
+async fn attempts(
+    tx: &mut Tx<'_>,
+    community: &str,
+    id: &str,
+) -> Result<Vec<protocol::api::AttemptView>, StoreError> {
+    let rows = tx
+        .all(
+            Q::new(
+                "SELECT attempt, claimed_at, finished_at, outcome, failure_code, failure_message \
+                 FROM delivery_attempts WHERE community_id = $1 AND delivery_id = $2 ORDER BY attempt",
+            )
+            .bind(community)
+            .bind(id),
+        )
+        .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(protocol::api::AttemptView {
+                attempt: r.int("attempt")?,
+                claimed_at: r.int("claimed_at")?,
+                finished_at: r.opt_int("finished_at")?,
+                outcome: r.opt_text("outcome")?,
+                failure_code: r.opt_text("failure_code")?,
+                failure_message: r.opt_text("failure_message")?,
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]
