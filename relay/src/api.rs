@@ -136,6 +136,16 @@ async fn claim(State(state): State<Arc<AppState>>, auth: AuthedCall) -> Response
     };
     let community = &auth.tenant.community.id;
     let r = state.store.claim(community, auth.spend, auth.pubkey, req).await;
+    if let Ok(Some(d)) = &r {
+        let (to, code) = ("claimed", "");
+        metrics::counter!(crate::telemetry::TRANSITIONS, "to" => to, "code" => code).increment(1);
+        if d.attempt == 1 {
+            let waited = (crate::clock::unix_now() as i64)
+                .saturating_sub(d.created_at)
+                .max(0);
+            metrics::histogram!(crate::telemetry::DELIVERY_WAIT).record(waited as f64);
+        }
+    }
     answer(r, |d| ClaimAnswer {
         delivery: d.and_then(|d| d.claim_view()),
     })

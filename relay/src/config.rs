@@ -49,6 +49,12 @@ pub struct Config {
     pub workflows: WorkflowConfig,
     /// Outbound webhook calls (`call_webhook` steps) and the secrets key.
     pub webhooks: WebhookConfig,
+    /// Where Prometheus scrapes `/metrics` (a separate address, never the
+    /// public one); unset: no metrics.
+    pub metrics_listen: Option<SocketAddr>,
+    /// How often the gauges read from the database (deliveries and runs by
+    /// status, the oldest pending delivery) are refreshed.
+    pub metrics_interval_secs: u64,
     /// Embedded SQLite settings.
     pub sqlite: SqliteConfig,
     /// PostgreSQL settings.
@@ -81,6 +87,8 @@ impl Default for Config {
             deliveries: DeliveryConfig::default(),
             workflows: WorkflowConfig::default(),
             webhooks: WebhookConfig::default(),
+            metrics_listen: None,
+            metrics_interval_secs: 15,
             sqlite: SqliteConfig::default(),
             postgres: PostgresConfig::default(),
             writer: WriterConfig::default(),

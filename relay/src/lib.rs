@@ -26,5 +26,6 @@ pub mod secrets;
 pub mod server;
 pub mod state;
 pub mod store;
+pub mod telemetry;
 pub mod verify;
 pub mod ws;

@@ -55,12 +55,19 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     let sweep_every = Duration::from_secs(cfg.expiry_sweep_interval_secs.max(1));
     let secrets = crate::secrets::SecretsKey::load_or_create(&cfg.secrets_key_path())?;
     let outcaller = crate::outcall::Outcaller::new(&cfg.webhooks)?;
+    let metrics = match cfg.metrics_listen {
+        Some(addr) => Some(start_metrics(addr).await?),
+        None => None,
+    };
     let state = Arc::new(AppState::new(cfg, store.clone(), secrets, outcaller));
 
     // One machine-readable line on stdout: tests and scripts read the
     // first address from it (its fourth word).
     let first = local[0];
-    let also: String = local[1..].iter().map(|a| format!(" also={a}")).collect();
+    let mut also: String = local[1..].iter().map(|a| format!(" also={a}")).collect();
+    if let Some((addr, _)) = &metrics {
+        also.push_str(&format!(" metrics={addr}"));
+    }
     println!("relay listening on {first} backend={}{also}", store.backend());
     tracing::info!(?local, backend = store.backend(), "relay listening");
 
@@ -76,6 +83,10 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
 
     if let Some(remote) = remote {
         background.push(tokio::spawn(forward_remote(state.clone(), remote)).abort_handle());
+    }
+    if let Some((_, serving)) = metrics {
+        background.push(serving);
+        background.push(tokio::spawn(collect_gauges(state.clone())).abort_handle());
     }
 
     let l = &state.cfg.limits;
@@ -97,6 +108,71 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     store.close().await;
     tracing::info!("relay stopped");
     Ok(())
+}
+
+/// Installs the metrics recorder and serves `GET /metrics` (Prometheus
+/// text format) on `addr`, apart from the public listeners. Returns the
+/// bound address and the serving task.
+async fn start_metrics(addr: SocketAddr) -> anyhow::Result<(SocketAddr, tokio::task::AbortHandle)> {
+    let handle = crate::telemetry::install()?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding metrics_listen {addr}"))?;
+    let bound = listener.local_addr()?;
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let handle = handle.clone();
+            async move { handle.render() }
+        }),
+    );
+    let task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "metrics listener stopped");
+        }
+    });
+    Ok((bound, task.abort_handle()))
+}
+
+/// Refreshes the gauges read from the database, every
+/// `metrics_interval_secs`, for every community.
+async fn collect_gauges(state: Arc<AppState>) {
+    use crate::telemetry::{DELIVERIES, OLDEST_PENDING, RUNS};
+    let every = Duration::from_secs(state.cfg.metrics_interval_secs.max(1));
+    // Statuses seen before: a status whose rows are gone reads 0, not its
+    // last value.
+    let mut seen: std::collections::HashSet<(String, &'static str, String)> = Default::default();
+    loop {
+        let communities = state.store.list_communities().await.unwrap_or_default();
+        for c in communities {
+            let g = match state.store.gauges(&c.id).await {
+                Ok(g) => g,
+                Err(e) => {
+                    tracing::warn!(community = %c.id, error = %e, "reading metrics gauges failed");
+                    continue;
+                }
+            };
+            for (name, rows) in [(DELIVERIES, &g.deliveries), (RUNS, &g.runs)] {
+                for key in seen.iter().filter(|k| k.0 == c.id && k.1 == name) {
+                    if !rows.iter().any(|(s, _)| *s == key.2) {
+                        gauge_of(name, &c.id, &key.2).set(0.0);
+                    }
+                }
+                for (status, n) in rows {
+                    gauge_of(name, &c.id, status).set(*n as f64);
+                    seen.insert((c.id.clone(), name, status.clone()));
+                }
+            }
+            metrics::gauge!(OLDEST_PENDING, "community" => c.id.clone()).set(g.oldest_pending_secs as f64);
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// A gauge by community and status (`relay_runs` has no community
+/// label in PROTOCOL section 11, but several communities need one).
+fn gauge_of(name: &'static str, community: &str, status: &str) -> metrics::Gauge {
+    metrics::gauge!(name, "community" => community.to_string(), "status" => status.to_string())
 }
 
 /// Binds every listen address. Of the built-in ones, an address this

@@ -87,6 +87,22 @@ impl From<Overflow> for Stop {
     }
 }
 
+/// Counts an open connection in `relay_connections` while it lives.
+struct OpenConnection;
+
+impl OpenConnection {
+    fn new() -> OpenConnection {
+        metrics::gauge!(crate::telemetry::CONNECTIONS).increment(1.0);
+        OpenConnection
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        metrics::gauge!(crate::telemetry::CONNECTIONS).decrement(1.0);
+    }
+}
+
 /// Runs a connection to completion.
 pub async fn run(socket: WebSocket, state: Arc<AppState>, community: Arc<Community>, host: String) {
     let limits = &state.cfg.limits;
@@ -110,6 +126,7 @@ pub async fn run(socket: WebSocket, state: Arc<AppState>, community: Arc<Communi
     };
     let shutdown = state.shutdown.clone();
     let _ = conn.out.text(json!(["AUTH", conn.challenge]).to_string());
+    let _open = OpenConnection::new();
 
     loop {
         let step: Result<bool, Stop> = tokio::select! {
@@ -189,7 +206,15 @@ impl Conn {
         self.send(json!(["NOTICE", msg]))
     }
 
+    /// The `OK` of an EVENT (counted in `relay_events_received_total`).
     fn ok(&self, id: &str, accepted: bool, msg: &str) -> Result<(), Overflow> {
+        let outcome = crate::telemetry::outcome(accepted, msg);
+        metrics::counter!(crate::telemetry::EVENTS_RECEIVED, "outcome" => outcome).increment(1);
+        self.send(json!(["OK", id, accepted, msg]))
+    }
+
+    /// The `OK` of an AUTH (not an event received).
+    fn auth_ok(&self, id: &str, accepted: bool, msg: &str) -> Result<(), Overflow> {
         self.send(json!(["OK", id, accepted, msg]))
     }
 
@@ -545,6 +570,7 @@ impl Conn {
             self.live = Some(self.state.hub.subscribe(&self.community.id));
         }
         let seq_floor = self.state.hub.current_seq();
+        let started = std::time::Instant::now();
         let scope = self.scope();
         let community = self.community.id.clone();
         let sent =
@@ -561,6 +587,7 @@ impl Conn {
         self.out
             .text_wait(json!(["EOSE", sub_id]).to_string(), STORED_RESULTS_DEADLINE)
             .await?;
+        metrics::histogram!(crate::telemetry::REQ_DURATION).record(started.elapsed().as_secs_f64());
         self.subs.insert(sub_id, Subscription { filters, seq_floor });
         Ok(())
     }
@@ -583,10 +610,10 @@ impl Conn {
     async fn on_auth(&mut self, event: Arc<Event>) -> Result<(), Stop> {
         let id = event.id.to_hex();
         if event.kind.as_u16() != kinds::CLIENT_AUTH {
-            return Ok(self.ok(&id, false, "invalid: AUTH event must be kind 22242")?);
+            return Ok(self.auth_ok(&id, false, "invalid: AUTH event must be kind 22242")?);
         }
         if let Err(e) = verify::verify(event.clone()).await {
-            return Ok(self.ok(&id, false, e.message())?);
+            return Ok(self.auth_ok(&id, false, e.message())?);
         }
         let tag_value = |name: &str| {
             event
@@ -597,20 +624,20 @@ impl Conn {
                 .map(str::to_string)
         };
         if tag_value("challenge").as_deref() != Some(self.challenge.as_str()) {
-            return Ok(self.ok(&id, false, "invalid: challenge does not match this connection's")?);
+            return Ok(self.auth_ok(&id, false, "invalid: challenge does not match this connection's")?);
         }
         let expected = self.community.websocket_url(&self.host);
         let relay_ok = tag_value("relay").is_some_and(|r| same_relay_url(&r, &expected));
         if !relay_ok {
-            return Ok(self.ok(&id, false, &format!("invalid: relay tag must be {expected}"))?);
+            return Ok(self.auth_ok(&id, false, &format!("invalid: relay tag must be {expected}"))?);
         }
         let now = unix_now();
         let age = now.abs_diff(event.created_at.as_secs());
         if age > self.limits().auth_max_age_secs {
-            return Ok(self.ok(&id, false, "invalid: AUTH event created_at is too far from now")?);
+            return Ok(self.auth_ok(&id, false, "invalid: AUTH event created_at is too far from now")?);
         }
         self.authed = Some(event.pubkey);
-        Ok(self.ok(&id, true, "")?)
+        Ok(self.auth_ok(&id, true, "")?)
     }
 
     async fn on_live(&mut self, p: &Arc<Published>) -> Result<(), Stop> {

@@ -81,6 +81,8 @@ pub struct Relay {
     pub addr: SocketAddr,
     /// Every address it listens on (the first is `addr`).
     pub addrs: Vec<SocketAddr>,
+    /// Where `/metrics` is served (with `metrics_listen` set).
+    pub metrics_addr: Option<SocketAddr>,
     pub store: Arc<Store>,
     pub options: RelayOptions,
     log_path: PathBuf,
@@ -105,11 +107,12 @@ impl Relay {
     /// Starts a relay listening on `listen` (the `--listen` value); `addr`
     /// is the first address it prints.
     pub fn start_listening(store: Arc<Store>, options: RelayOptions, listen: &str) -> Relay {
-        let (child, addrs, log_path) = spawn_process(&store, &options, listen);
+        let (child, (addrs, metrics_addr), log_path) = spawn_process(&store, &options, listen);
         Relay {
             child: Some(child),
             addr: addrs[0],
             addrs,
+            metrics_addr,
             store,
             options,
             log_path,
@@ -154,7 +157,8 @@ impl Relay {
     pub fn restart(&mut self) {
         self.kill();
         let listen = self.addr.to_string();
-        let (child, addrs, log_path) = spawn_process(&self.store, &self.options, &listen);
+        let (child, (addrs, metrics_addr), log_path) = spawn_process(&self.store, &self.options, &listen);
+        self.metrics_addr = metrics_addr;
         self.child = Some(child);
         self.addr = addrs[0];
         self.addrs = addrs;
@@ -259,7 +263,10 @@ pub fn run_cli(database_url: &str, args: &[&str]) -> String {
     run_cli_env(database_url, args, &[])
 }
 
-fn spawn_process(store: &Store, options: &RelayOptions, listen: &str) -> (Child, Vec<SocketAddr>, PathBuf) {
+/// The listen addresses and the metrics address a relay printed.
+type Printed = (Vec<SocketAddr>, Option<SocketAddr>);
+
+fn spawn_process(store: &Store, options: &RelayOptions, listen: &str) -> (Child, Printed, PathBuf) {
     let n = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
@@ -316,7 +323,10 @@ fn spawn_process(store: &Store, options: &RelayOptions, listen: &str) -> (Child,
             .iter()
             .filter_map(|w| w.strip_prefix("also=")?.parse::<SocketAddr>().ok()),
     );
-    (child, addrs, log_path)
+    let metrics = words
+        .iter()
+        .find_map(|w| w.strip_prefix("metrics=")?.parse::<SocketAddr>().ok());
+    (child, (addrs, metrics), log_path)
 }
 
 fn read_log(path: &Path) -> String {

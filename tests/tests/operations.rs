@@ -10,7 +10,8 @@ use tests::{backend_tests, Backend, Relay, RelayOptions};
 
 backend_tests!(
     health_and_readiness_answer_on_any_host,
-    attempts_are_kept_with_their_causes
+    attempts_are_kept_with_their_causes,
+    metrics_move_with_events_deliveries_and_failures
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -214,4 +215,143 @@ async fn attempts_are_kept_with_their_causes(backend: Backend) {
     // The operator's CLI shows the same history.
     let cli: Value = serde_json::from_str(relay.cli(&["deliveries", "show", &id]).trim()).unwrap();
     assert_eq!(cli["attempts"], shown["attempts"]);
+}
+
+/// Scrapes `/metrics` and parses it with a Prometheus text parser.
+async fn scrape(relay: &Relay) -> prometheus_parse::Scrape {
+    let addr = relay.metrics_addr.expect("metrics_listen is set");
+    let body = reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("body");
+    prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).expect("Prometheus text")
+}
+
+/// The value of `name` whose labels include `labels` (a histogram: its
+/// count); 0 when there is none.
+fn value(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
+    use prometheus_parse::Value as V;
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .map(|s| match &s.value {
+            V::Counter(x) | V::Gauge(x) | V::Untyped(x) => *x,
+            V::Histogram(buckets) => buckets.iter().map(|b| b.count).fold(0.0, f64::max),
+            V::Summary(_) => 0.0,
+        })
+        .sum()
+}
+
+async fn metrics_move_with_events_deliveries_and_failures(backend: Backend) {
+    let relay = Relay::start_opts(
+        &backend,
+        RelayOptions {
+            config_toml: "metrics_listen = \"127.0.0.1:0\"\nmetrics_interval_secs = 1\n\
+                          [deliveries]\nsweep_interval_ms = 200\n"
+                .into(),
+            ..Default::default()
+        },
+    );
+    let before = scrape(&relay).await;
+    assert_eq!(
+        value(
+            &before,
+            "relay_build_info",
+            &[("version", env!("CARGO_PKG_VERSION"))]
+        ),
+        1.0
+    );
+    let mut fx = Fixture::new(&relay, "ops", 1).await;
+    let agent = fx.agents[0].clone();
+    let text = format!("{} look", fx.mention(0));
+    fx.define("look", &tests::workflow::on_message(&text)).await;
+    fx.post("something broke").await;
+    let d = claim_when_due(&relay, &agent, json!({})).await;
+    let id = d["id"].as_str().unwrap().to_string();
+    let body = json!({"claim_token": d["claim_token"], "outcome": "failed", "failure_code": "tool_broke"});
+    let (status, v) = finish(&relay, &agent, &id, &body).await;
+    assert_eq!(status, 200, "{v}");
+    // A plain note goes through the event writer's group commit.
+    let note = tests::event(&fx.owner, 1, "a note", &[]);
+    fx.owner_client.publish_ok(&note).await;
+    let bad = tests::event(&fx.owner, 1, "two channels", &[&["h", "a"], &["h", "b"]]);
+    let (ok, msg) = fx.owner_client.publish(&bad).await;
+    assert!(!ok && msg.starts_with("invalid:"), "{msg}");
+    fx.owner_client
+        .req("r", vec![json!({"kinds": [9], "limit": 5})])
+        .await;
+
+    let mut after = scrape(&relay).await;
+    for _ in 0..30 {
+        if value(
+            &after,
+            "relay_deliveries",
+            &[("community", "default"), ("status", "failed")],
+        ) == 1.0
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        after = scrape(&relay).await;
+    }
+    let moved =
+        |name: &str, labels: &[(&str, &str)]| value(&after, name, labels) - value(&before, name, labels);
+    assert!(value(&after, "relay_connections", &[]) >= 1.0);
+    assert!(moved("relay_events_received_total", &[("outcome", "stored")]) >= 4.0);
+    assert_eq!(
+        moved("relay_events_received_total", &[("outcome", "invalid")]),
+        1.0
+    );
+    assert!(moved("relay_req_duration_seconds", &[]) >= 1.0);
+    assert!(moved("relay_write_batch_events", &[]) >= 1.0);
+    assert_eq!(
+        moved("relay_delivery_transitions_total", &[("to", "claimed")]),
+        1.0
+    );
+    // The agent's own code is not a label: it counts as "agent".
+    assert_eq!(
+        moved(
+            "relay_delivery_transitions_total",
+            &[("to", "failed"), ("code", "agent")]
+        ),
+        1.0
+    );
+    assert_eq!(moved("relay_delivery_wait_seconds", &[]), 1.0);
+    assert_eq!(
+        value(
+            &after,
+            "relay_deliveries",
+            &[("community", "default"), ("status", "failed")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &after,
+            "relay_runs",
+            &[("community", "default"), ("status", "completed")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &after,
+            "relay_delivery_oldest_pending_seconds",
+            &[("community", "default")]
+        ),
+        0.0
+    );
+    // Bounded labels: no pubkey or id is ever a label value.
+    for s in &after.samples {
+        for (k, v) in s.labels.iter() {
+            assert!(
+                !(v.len() >= 32 && v.bytes().all(|b| b.is_ascii_hexdigit())),
+                "{} {k}={v}",
+                s.metric
+            );
+        }
+    }
 }

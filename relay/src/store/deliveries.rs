@@ -744,7 +744,10 @@ async fn transition_row(
     now: i64,
 ) -> Result<(Status, Option<(Event, String)>), StoreError> {
     let (status, code, message) = match decided {
-        Transition::Deliver => return Ok((Status::Delivered, None)),
+        Transition::Deliver => {
+            counted(Status::Delivered, "");
+            return Ok((Status::Delivered, None));
+        }
         Transition::Backoff { next_attempt_at } => {
             to_pending(tx, community, d, next_attempt_at, now, &agent).await?;
             return Ok((Status::Pending, None));
@@ -761,8 +764,16 @@ async fn transition_row(
         Transition::Stays => return Ok((d.status, None)),
         other => unreachable!("not an ending of an attempt: {other:?}"),
     };
+    counted(status, code);
     let notice = fail(tx, community, keys, d, status, code, message.as_deref(), now).await?;
     Ok((status, Some(notice)))
+}
+
+/// Counts a transition in `relay_delivery_transitions_total` (its code as
+/// a bounded label).
+fn counted(to: Status, code: &str) {
+    let code = crate::telemetry::code_label(code);
+    metrics::counter!(crate::telemetry::TRANSITIONS, "to" => to.as_str(), "code" => code).increment(1);
 }
 
 /// `claimed -> pending`, due at `next_attempt_at`; the attempt ends with
@@ -792,6 +803,7 @@ async fn to_pending(
         "" => ("lease_expired", None),
         code => ("retry", Some(code.to_string())),
     };
+    counted(Status::Pending, if code.is_none() { "lease_expired" } else { "" });
     tx.exec(
         Q::new(
             "UPDATE delivery_attempts SET finished_at = $4, outcome = $5, failure_code = $6, failure_message = $7 \

@@ -278,6 +278,10 @@ pub trait Store: WorkflowStore + Send + Sync + 'static {
         Ok(())
     }
 
+    /// A community's gauges for the metrics: deliveries and runs by
+    /// status, and the oldest pending delivery's age (database clock).
+    async fn gauges(&self, community: &str) -> Result<Gauges, StoreError>;
+
     /// Whether the database answers a trivial statement now.
     async fn ping(&self) -> Result<(), StoreError>;
 
@@ -286,6 +290,17 @@ pub trait Store: WorkflowStore + Send + Sync + 'static {
 
     /// Flushes and closes connections.
     async fn close(&self);
+}
+
+/// What the metrics read from the database, per community.
+#[derive(Debug, Default, Clone)]
+pub struct Gauges {
+    /// (status, rows), only statuses that have rows.
+    pub deliveries: Vec<(String, i64)>,
+    /// Seconds since the oldest pending delivery was created (0: none).
+    pub oldest_pending_secs: i64,
+    /// (status, runs), only statuses that have runs.
+    pub runs: Vec<(String, i64)>,
 }
 
 /// Opens the backend the URL names and runs its migrations.

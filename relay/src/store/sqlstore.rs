@@ -333,6 +333,42 @@ impl Store for SqlStore {
         Ok(())
     }
 
+    async fn gauges(&self, community: &str) -> Result<super::Gauges, StoreError> {
+        let by_status = |table: &str| {
+            Q::new(format!(
+                "SELECT status, COUNT(*) AS n FROM {table} WHERE community_id = $1 GROUP BY status"
+            ))
+            .bind(community)
+        };
+        let pairs = |rows: Vec<super::db::Row>| -> Result<Vec<(String, i64)>, StoreError> {
+            rows.iter()
+                .map(|r| Ok((r.text("status")?, r.int("n")?)))
+                .collect()
+        };
+        let deliveries = pairs(self.pool.all(by_status("workflow_agent_deliveries")).await?)?;
+        let runs = pairs(self.pool.all(by_status("workflow_runs")).await?)?;
+        let now = self.pool.dialect().now();
+        let oldest = self
+            .pool
+            .one(
+                Q::new(format!(
+                    "SELECT COALESCE({now} - MIN(created_at), 0) AS age FROM workflow_agent_deliveries \
+                     WHERE community_id = $1 AND status = 'pending'"
+                ))
+                .bind(community),
+            )
+            .await?;
+        let oldest_pending_secs = match oldest {
+            Some(r) => r.opt_int("age")?.unwrap_or(0).max(0),
+            None => 0,
+        };
+        Ok(super::Gauges {
+            deliveries,
+            oldest_pending_secs,
+            runs,
+        })
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         self.pool.all(Q::new("SELECT 1")).await.map(|_| ())
     }

@@ -46,6 +46,7 @@ pub(crate) async fn batch_writer(
             }
         }
         let started = std::time::Instant::now();
+        metrics::histogram!(crate::telemetry::WRITE_BATCH).record(batch.len() as f64);
         let written = write_batch(&pool, &origin, &batch).await;
         tracing::debug!(
             events = batch.len(),
