@@ -37,6 +37,8 @@ pub struct AgentConfig {
     pub reconnect_max_ms: u64,
     /// The handler that does the work.
     pub handler: HandlerConfig,
+    /// Where Prometheus scrapes `/metrics`; unset: no metrics.
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 impl Default for AgentConfig {
@@ -54,6 +56,7 @@ impl Default for AgentConfig {
             reconnect_min_ms: 200,
             reconnect_max_ms: 10_000,
             handler: HandlerConfig::default(),
+            metrics_listen: None,
         }
     }
 }

@@ -8,4 +8,5 @@ pub mod faults;
 pub mod handler;
 pub mod relay;
 pub mod runtime;
+pub mod telemetry;
 pub mod verify;

@@ -169,6 +169,9 @@ pub async fn run(cfg: AgentConfig, keys: Keys, shutdown: CancellationToken) -> a
         shutdown: shutdown.clone(),
         cfg,
     });
+    if let Some(addr) = rt.cfg.metrics_listen {
+        crate::telemetry::install(addr)?;
+    }
     tracing::info!(agent = %rt.trust.me.to_hex(), relay = %rt.trust.relay.to_hex(), "agent running");
     println!("agent running pubkey={}", rt.trust.me.to_hex());
     let mut tick = tokio::time::interval(Duration::from_secs(rt.cfg.poll_interval_secs));
@@ -324,6 +327,7 @@ impl Runtime {
         match verify::verify(&d, wake.as_ref(), def.as_ref(), msg.as_ref(), &self.trust) {
             Err(f) => {
                 tracing::warn!(delivery = %d.id, code = f.code, reason = %f.message, "delivery failed verification");
+                metrics::counter!(crate::telemetry::VERIFICATION_FAILURES, "code" => f.code).increment(1);
                 let body = finish_body(&d, WireOutcome::Failed, Some(f.code.to_string()), Some(f.message));
                 self.finish(&d, &lease, body).await;
             }
@@ -412,7 +416,9 @@ impl Runtime {
         }
         let ops = Ops::new(self.api.clone(), &turn);
         tracing::info!(channel, deliveries = turn.items.len(), "running a turn");
+        let started = std::time::Instant::now();
         let outcomes = self.handler.run(&turn, &ops, &cancel).await;
+        metrics::histogram!(crate::telemetry::HANDLER_SECONDS).record(started.elapsed().as_secs_f64());
         debug_assert_eq!(outcomes.len(), batch.len(), "one outcome per delivery");
         cancel.cancel();
         // Each delivery is finished on its own, with its own reply.
@@ -430,6 +436,7 @@ impl Runtime {
                     finish_body(d, WireOutcome::Failed, Some(code), Some(message))
                 }
             };
+            metrics::counter!(crate::telemetry::TURNS, "outcome" => body.outcome.as_str()).increment(1);
             self.finish(d, &c.lease, body).await;
         }
     }

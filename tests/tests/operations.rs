@@ -11,7 +11,8 @@ use tests::{backend_tests, Backend, Relay, RelayOptions};
 backend_tests!(
     health_and_readiness_answer_on_any_host,
     attempts_are_kept_with_their_causes,
-    metrics_move_with_events_deliveries_and_failures
+    metrics_move_with_events_deliveries_and_failures,
+    agent_metrics_count_turns_and_verification_failures
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -354,4 +355,68 @@ async fn metrics_move_with_events_deliveries_and_failures(backend: Backend) {
             );
         }
     }
+}
+
+async fn agent_metrics_count_turns_and_verification_failures(backend: Backend) {
+    let relay = Relay::start(&backend);
+    let mut fx = Fixture::new(&relay, "ops", 1).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let extra = format!("metrics_listen = \"127.0.0.1:{port}\"");
+    let agent = tests::agent::AgentProc::start(&relay, &fx.agents[0], &fx.owner, "type = \"echo\"", &extra);
+    agent.wait_subscribed().await;
+    // One delivery the agent verifies and answers; one from a workflow of
+    // someone it does not work for, which it refuses before dispatch.
+    let text = format!("{} echo this", fx.mention(0));
+    fx.define("echo", &tests::workflow::on_message(&text)).await;
+    let stranger = nostr::prelude::Keys::generate();
+    let put = tests::event(
+        &fx.owner,
+        9000,
+        "",
+        &[&["h", "ops"], &["p", &stranger.public_key().to_hex()]],
+    );
+    fx.owner_client.publish_ok(&put).await;
+    let mut sc = tests::Client::connect(&relay.ws_url()).await;
+    sc.auth(&stranger).await;
+    let def = json!({"name": "other", "trigger": {"on": "manual"},
+                     "steps": [{"id": "s", "action": "send_message", "text": format!("{} hi", fx.mention(0))}]});
+    sc.publish_ok(&tests::workflow::definition(&stranger, "other", "ops", &def))
+        .await;
+    fx.post("first").await;
+    let (status, v) = api(
+        &relay,
+        &stranger,
+        "POST",
+        "/workflows/other/runs",
+        Some(&json!({})),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    let mut last = String::new();
+    for _ in 0..100 {
+        if let Ok(resp) = reqwest::get(&url).await {
+            last = resp.text().await.unwrap_or_default();
+            let scrape =
+                prometheus_parse::Scrape::parse(last.lines().map(|l| Ok(l.to_string()))).expect("parse");
+            let delivered = value(&scrape, "agent_turns_total", &[("outcome", "delivered")]);
+            let failed = value(&scrape, "agent_turns_total", &[("outcome", "failed")]);
+            let refused: f64 = scrape
+                .samples
+                .iter()
+                .filter(|s| s.metric == "agent_verification_failures_total")
+                .map(|_| 1.0)
+                .sum();
+            if delivered == 1.0 && refused >= 1.0 {
+                assert_eq!(failed, 0.0, "a refused delivery is not a turn");
+                assert!(value(&scrape, "agent_handler_seconds", &[]) >= 1.0, "{last}");
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("the agent's metrics did not move: {last}\n{}", agent.log());
 }
