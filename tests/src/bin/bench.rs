@@ -34,6 +34,15 @@ struct Args {
     /// Figures to run (comma separated): ingest,query,fanout,delivery,pipeline,memory.
     #[arg(long, default_value = "ingest,query,fanout,delivery,pipeline,memory")]
     only: String,
+    /// Extra environment of the measured relay (`KEY=VALUE`, repeatable),
+    /// e.g. `RUST_LOG=info,relay=debug,access=off` to measure without the
+    /// access log.
+    #[arg(long = "relay-env")]
+    relay_env: Vec<String>,
+    /// Serves the relay's Prometheus metrics (`metrics_listen`) during the
+    /// run, to measure what recording them costs.
+    #[arg(long)]
+    metrics: bool,
     /// Rounds per figure (default 3 quick, 5 full).
     #[arg(long)]
     rounds: Option<usize>,
@@ -1094,11 +1103,22 @@ async fn main() {
         }
         _ => Backend::Sqlite,
     };
+    let metrics = if args.metrics {
+        "metrics_listen = \"127.0.0.1:0\"\n"
+    } else {
+        ""
+    };
+    let env = args
+        .relay_env
+        .iter()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     let relay = Relay::start_opts(
         &backend,
         RelayOptions {
-            config_toml: BENCH_TOML.into(),
-            ..Default::default()
+            config_toml: format!("{metrics}{BENCH_TOML}"),
+            env,
         },
     );
     println!(
