@@ -266,12 +266,15 @@ mod tests {
             )))),
             "auth_stale"
         );
+        // Ahead by more than the skew whatever seconds passed since `t`
+        // (with t + 61, one second ticking over before the check made the
+        // event 60 s ahead, within the skew: the test failed once in CI).
         assert_eq!(
             check(Some(&h(&signed(
                 &k,
                 KIND,
                 vec![u(URL), m("POST"), p(body)],
-                t + 61
+                t + MAX_SKEW_SECS + 5
             )))),
             "auth_stale"
         );
