@@ -458,7 +458,8 @@ pub enum DefinitionError {
     EmptyTextFilter,
 }
 
-fn valid_id(s: &str) -> bool {
+/// Whether `s` is a workflow, step or secret name: `[a-z0-9_-]{1,64}`.
+pub fn valid_id(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 64
         && s.bytes()

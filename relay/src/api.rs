@@ -312,12 +312,7 @@ async fn set_secret(
     if let Some(r) = limited(&state, &auth.tenant, &auth.pubkey) {
         return r;
     }
-    let valid_name = !name.is_empty()
-        && name.len() <= 64
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
-    if !valid_name {
+    if !protocol::workflow::valid_id(&name) {
         return error(
             StatusCode::BAD_REQUEST,
             "malformed",

@@ -67,7 +67,7 @@ pub async fn on_reaction(
     let Some(decision) = Decision::of_reaction(&reaction.content) else {
         return Ok(None);
     };
-    let Some(request) = approval::reacted_to(reaction).and_then(hex_id) else {
+    let Some(request) = approval::reacted_to(reaction).and_then(super::events::id_of_hex) else {
         return Ok(None);
     };
     let row = tx
@@ -106,12 +106,6 @@ pub async fn on_reaction(
         return Ok(Some(row.text("run_id")?));
     }
     Ok(None)
-}
-
-fn hex_id(s: &str) -> Option<[u8; 32]> {
-    let mut out = [0u8; 32];
-    hex::decode_to_slice(s, &mut out).ok()?;
-    Some(out)
 }
 
 /// The step's deadline passed: decides its request `timed_out` unless an

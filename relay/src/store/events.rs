@@ -373,6 +373,13 @@ async fn apply_deletion(tx: &mut Tx<'_>, community: &str, event: &Event) -> Resu
 
 /// An event's `created_at` as stored (a time past `i64::MAX` seconds,
 /// which the relay's limits refuse anyway, saturates).
+/// An event id written as 64 hex characters (a tag's value), as stored.
+pub(crate) fn id_of_hex(s: &str) -> Option<[u8; 32]> {
+    let mut out = [0u8; 32];
+    hex::decode_to_slice(s, &mut out).ok()?;
+    Some(out)
+}
+
 pub(crate) fn created_at_of(event: &Event) -> i64 {
     i64::try_from(event.created_at.as_secs()).unwrap_or(i64::MAX)
 }

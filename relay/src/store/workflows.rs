@@ -556,10 +556,9 @@ pub async fn on_reaction(
 
 /// Whether the event with hex id `id` is stored in `channel`.
 async fn in_channel(tx: &mut Tx<'_>, community: &str, channel: &str, id: &str) -> Result<bool, StoreError> {
-    let mut bytes = [0u8; 32];
-    if hex::decode_to_slice(id, &mut bytes).is_err() {
+    let Some(bytes) = events::id_of_hex(id) else {
         return Ok(false);
-    }
+    };
     tx.exists(
         Q::new("SELECT 1 FROM events WHERE community_id = $1 AND id = $2 AND channel = $3")
             .bind(community)
