@@ -10,6 +10,9 @@ pub const WAKE_HINT: u16 = 24620;
 /// receives private messages, and when, is itself private.
 pub const GIFT_WRAP: u16 = 1059;
 
+/// NIP-32 label: the relay's management notices (namespace `nip86`).
+pub const LABEL: u16 = 1985;
+
 /// How NIP-01 says a kind is stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Storage {

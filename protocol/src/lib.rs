@@ -11,6 +11,7 @@ pub mod host;
 pub mod kinds;
 pub mod message;
 pub mod nip29;
+pub mod nip86;
 pub mod nip98;
 pub mod nip_oa;
 pub mod schedule;

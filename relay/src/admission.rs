@@ -18,6 +18,13 @@ use crate::config::Limits;
 /// Channel metadata kinds that only the relay signs (NIP-29 39000-39009).
 pub const RELAY_SIGNED_KINDS: std::ops::RangeInclusive<u16> = 39_000..=39_009;
 
+/// What a community's admins banned (NIP-86 `banpubkey`, `banevent`).
+#[derive(Debug, Default, Clone)]
+pub struct Bans {
+    pub pubkeys: std::collections::HashSet<[u8; 32]>,
+    pub events: std::collections::HashSet<[u8; 32]>,
+}
+
 /// What an event is checked against.
 #[derive(Debug, Clone, Copy)]
 pub struct Rules<'a> {
@@ -26,6 +33,8 @@ pub struct Rules<'a> {
     pub community_key: &'a PublicKey,
     /// Unix seconds, for `created_at` bounds and NIP-40 expiry.
     pub now: u64,
+    /// The community's bans (`None` for the relay's own events).
+    pub bans: Option<&'a Bans>,
 }
 
 /// Why an event is refused. `Display` is the machine-readable answer
@@ -52,6 +61,10 @@ pub enum Refusal {
     SeveralChannels,
     #[error("restricted: kind {kind} is channel metadata that only the relay signs")]
     RelaySigned { kind: u16 },
+    #[error("blocked: this pubkey is banned in this community")]
+    BannedAuthor,
+    #[error("blocked: this event is banned in this community")]
+    BannedEvent,
 }
 
 impl Refusal {
@@ -68,6 +81,8 @@ impl Refusal {
             Refusal::AuthKind => "auth_kind",
             Refusal::SeveralChannels => "several_channels",
             Refusal::RelaySigned { .. } => "relay_signed_kind",
+            Refusal::BannedAuthor => "banned_pubkey",
+            Refusal::BannedEvent => "banned_event",
         }
     }
 }
@@ -75,6 +90,14 @@ impl Refusal {
 /// Checks `event` (whose JSON is `raw_len` bytes) against every rule that
 /// needs neither its signature nor any stored state.
 pub fn check(event: &Event, raw_len: usize, rules: &Rules<'_>) -> Result<(), Refusal> {
+    if let Some(bans) = rules.bans {
+        if bans.pubkeys.contains(&event.pubkey.to_bytes()) {
+            return Err(Refusal::BannedAuthor);
+        }
+        if bans.events.contains(event.id.as_bytes()) {
+            return Err(Refusal::BannedEvent);
+        }
+    }
     let l = rules.limits;
     if raw_len > l.max_event_bytes {
         return Err(Refusal::TooLarge {
@@ -162,6 +185,7 @@ mod tests {
             limits,
             community_key: community,
             now: 1_000_000,
+            bans: None,
         };
         check(event, event.as_json().len(), &rules)
     }

@@ -18,10 +18,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use crate::http::{error, limited, Authed, AuthedCall, Tenant};
+use crate::http::{error, limited, not_answered, unavailable, Authed, AuthedCall, Tenant};
 use crate::state::AppState;
-use crate::store::refusal::{Answer, CallError, Refusal};
-use crate::store::StoreError;
+use crate::store::refusal::Answer;
 
 /// The API routes.
 pub fn routes() -> Router<Arc<AppState>> {
@@ -37,49 +36,6 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/workflows/{id}/runs", post(manual_run).get(list_runs))
         .route("/runs/{id}", get(show_run))
         .route("/hooks/{id}", post(webhook))
-}
-
-/// The HTTP status of a refusal: the one place where a domain refusal of
-/// the store becomes HTTP (the statuses PROTOCOL.md section 7 names).
-fn status_of(r: &Refusal) -> StatusCode {
-    use Refusal as R;
-    match r {
-        R::NoDelivery | R::UnknownWorkflow | R::UnknownRun => StatusCode::NOT_FOUND,
-        R::NotTarget | R::AgentNotMember | R::NotOwner | R::OwnerLeft | R::OwnerNotMember => {
-            StatusCode::FORBIDDEN
-        }
-        R::Cancelled => StatusCode::GONE,
-        R::StaleToken
-        | R::NotClaimed(_)
-        | R::LeaseExpired
-        | R::LeaseExceedsLifetime { .. }
-        | R::WorkflowDisabled
-        | R::WrongTrigger(_) => StatusCode::CONFLICT,
-        R::BadLease { .. } | R::BadName | R::BadReply(_) => StatusCode::BAD_REQUEST,
-        R::TooManyOperations => StatusCode::TOO_MANY_REQUESTS,
-        R::Replayed(_) => StatusCode::UNAUTHORIZED,
-    }
-}
-
-fn refused(r: Refusal) -> Response {
-    error(status_of(&r), r.code(), r.to_string())
-}
-
-fn unavailable(e: &StoreError) -> Response {
-    tracing::error!(error = %e, "API storage call failed");
-    error(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "storage_unavailable",
-        "the database is unavailable; try again",
-    )
-}
-
-/// The response of a call that did not give its answer.
-fn not_answered(e: CallError) -> Response {
-    match e {
-        CallError::Refused(r) => refused(r),
-        CallError::Store(e) => unavailable(&e),
-    }
 }
 
 /// Turns a store result into a response: the answer `ok` makes of it.
@@ -194,10 +150,12 @@ async fn finish(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth
     if let Some(reply) = &req.reply {
         // The same admission as a client's EVENT: a reply is stored and
         // served like any other event.
+        let moderation = state.moderation.get(&auth.tenant.community).await;
         let rules = crate::admission::Rules {
             limits: &state.cfg.limits,
             community_key: auth.tenant.community.pubkey(),
             now: crate::clock::unix_now(),
+            bans: Some(&moderation.bans),
         };
         if let Err(refusal) = crate::admission::check(reply, reply.as_json().len(), &rules) {
             return error(StatusCode::BAD_REQUEST, "bad_reply", refusal.to_string());
@@ -264,10 +222,13 @@ async fn list_deliveries(
         .unwrap_or(state.cfg.deliveries.max_page)
         .clamp(1, state.cfg.deliveries.max_page);
     let community = &auth.tenant.community.id;
-    let r = state
-        .store
-        .list_deliveries(community, Some(&auth.pubkey), status, q.before, limit)
-        .await;
+    let filter = crate::store::deliveries::ListFilter {
+        target: Some(auth.pubkey),
+        status,
+        before: q.before,
+        ..Default::default()
+    };
+    let r = state.store.list_deliveries(community, &filter, limit).await;
     match r {
         Ok(rows) => {
             let next = (rows.len() == limit as usize)

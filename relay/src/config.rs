@@ -31,6 +31,9 @@ pub struct Config {
     pub description: String,
     /// Kinds delivered only to connections authenticated as a `p` of the event.
     pub p_gated_kinds: Vec<u16>,
+    /// Admins of every community (hex pubkeys): they may call every
+    /// management (NIP-86) method. Each community adds its own.
+    pub admins: Vec<String>,
     /// Directory of community signing keys kept outside the database
     /// (`<keys_dir>/<community id>.key`); see `relay::keys`. Unset: keys
     /// are stored in the database.
@@ -78,6 +81,7 @@ impl Default for Config {
             log_format: LogFormat::Text,
             name: "nostr relay with durable agent delivery".into(),
             description: "Multi-community Nostr relay with workflows and managed-agent delivery.".into(),
+            admins: Vec::new(),
             p_gated_kinds: vec![protocol::kinds::WAKE_HINT, protocol::kinds::GIFT_WRAP],
             keys_dir: None,
             default_community: DefaultCommunity::default(),
@@ -175,6 +179,8 @@ pub struct CommunitySettings {
     /// this community's `call_webhook` steps may reach over plain `http`
     /// and at loopback, private, link-local or other non-public addresses.
     pub webhook_allow_hosts: Vec<String>,
+    /// This community's admins (hex pubkeys), besides the relay-wide `admins`.
+    pub admins: Vec<String>,
 }
 
 /// Protocol limits. All are per connection unless the name says otherwise.
@@ -673,6 +679,18 @@ impl Config {
             .map_or(&[], |c| c.webhook_allow_hosts.as_slice())
     }
 
+    /// Whether `pubkey` (hex) is an admin of `community`.
+    pub fn is_admin(&self, community: &str, pubkey_hex: &str) -> bool {
+        let own = self
+            .communities
+            .get(community)
+            .map_or(&[][..], |c| c.admins.as_slice());
+        self.admins
+            .iter()
+            .chain(own)
+            .any(|a| a.eq_ignore_ascii_case(pubkey_hex))
+    }
+
     /// Where the secrets key file is.
     pub fn secrets_key_path(&self) -> std::path::PathBuf {
         self.webhooks
@@ -682,6 +700,17 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), String> {
+        let admins = self
+            .admins
+            .iter()
+            .chain(self.communities.values().flat_map(|c| &c.admins));
+        for a in admins {
+            if a.len() != 64 || !a.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(format!(
+                    "admins: {a:?} is not a hex public key (64 hex characters)"
+                ));
+            }
+        }
         for p in std::iter::once(&self.channels)
             .chain(self.communities.values().filter_map(|c| c.channels.as_ref()))
         {

@@ -89,6 +89,28 @@ async fn wake_all(state: &AppState, community: &str, keys: &Keys, new: &[NewDeli
     }
 }
 
+/// Wakes the target of a delivery made pending again (`retrydelivery`).
+pub async fn wake_delivery(
+    state: &AppState,
+    community: &str,
+    keys: &Keys,
+    d: &crate::store::deliveries::Delivery,
+) {
+    let Ok(target) = nostr::prelude::PublicKey::from_slice(&d.target) else {
+        return;
+    };
+    let new = NewDelivery {
+        id: d.id.clone(),
+        target,
+        channel: d.channel.clone(),
+        definition_event_id: hex::encode(d.definition_event_id),
+        run_id: d.run_id.clone(),
+        step_id: d.step_id.clone(),
+        message_event_id: hex::encode(d.message_event_id),
+    };
+    wake_all(state, community, keys, &[new]).await;
+}
+
 /// Signs one wake hint and publishes it here; returns its JSON.
 fn wake(state: &AppState, community: &str, keys: &Keys, d: &NewDelivery) -> Option<String> {
     let tags = protocol::workflow::wake_tags(

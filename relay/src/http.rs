@@ -13,6 +13,8 @@ use axum::Json;
 use crate::community::Community;
 use crate::state::AppState;
 use crate::store::api::HttpAuthUse;
+use crate::store::refusal::{CallError, Refusal};
+use crate::store::StoreError;
 
 /// A JSON error answer: `{"error": code, "message": text}`.
 pub fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
@@ -115,10 +117,27 @@ async fn nip98(
         body: &body,
         now: crate::clock::unix_now(),
     };
-    let event = protocol::nip98::verify(header, &req)
-        .map_err(|e| error(StatusCode::UNAUTHORIZED, e.code(), e.to_string()))?;
+    let event = match protocol::nip98::verify(header, &req) {
+        // A management call (NIP-86, `POST /`) may name the relay by its
+        // WebSocket URL, as Nostr clients know it.
+        Err(protocol::nip98::Nip98Error::UrlMismatch { .. }) if path == "/" => {
+            let ws_url = tenant.community.websocket_url(&tenant.host);
+            let req = protocol::nip98::Request { url: &ws_url, ..req };
+            protocol::nip98::verify(header, &req)
+        }
+        other => other,
+    }
+    .map_err(|e| error(StatusCode::UNAUTHORIZED, e.code(), e.to_string()))?;
     if let Some(caller) = parts.extensions.get::<Caller>() {
         let _ = caller.0.set(event.pubkey.to_hex());
+    }
+    let moderation = state.moderation.get(&tenant.community).await;
+    if moderation.bans.pubkeys.contains(&event.pubkey.to_bytes()) {
+        return Err(error(
+            StatusCode::FORBIDDEN,
+            "banned",
+            "this pubkey is banned in this community",
+        ));
     }
     Ok((tenant, event, body))
 }
@@ -221,4 +240,52 @@ pub fn limited(state: &AppState, tenant: &Tenant, caller: &nostr::prelude::Publi
             "too many requests; slow down",
         )
     })
+}
+
+/// The HTTP status of a refusal: the one place where a domain refusal of
+/// the store becomes HTTP (the statuses PROTOCOL.md section 7 names).
+pub fn status_of(r: &Refusal) -> StatusCode {
+    use Refusal as R;
+    match r {
+        R::NoDelivery | R::UnknownWorkflow | R::UnknownRun => StatusCode::NOT_FOUND,
+        R::NotTarget | R::AgentNotMember | R::NotOwner | R::OwnerLeft | R::OwnerNotMember => {
+            StatusCode::FORBIDDEN
+        }
+        R::Cancelled => StatusCode::GONE,
+        R::StaleToken
+        | R::NotClaimed(_)
+        | R::LeaseExpired
+        | R::LeaseExceedsLifetime { .. }
+        | R::WorkflowDisabled
+        | R::WrongTrigger(_)
+        | R::WorkflowPaused
+        | R::NotRetryable(_)
+        | R::AlreadyEnded(_)
+        | R::RunEnded(_)
+        | R::ListFull(_) => StatusCode::CONFLICT,
+        R::BadLease { .. } | R::BadName | R::BadReply(_) => StatusCode::BAD_REQUEST,
+        R::TooManyOperations => StatusCode::TOO_MANY_REQUESTS,
+        R::Replayed(_) => StatusCode::UNAUTHORIZED,
+    }
+}
+
+pub fn refused(r: Refusal) -> Response {
+    error(status_of(&r), r.code(), r.to_string())
+}
+
+pub fn unavailable(e: &StoreError) -> Response {
+    tracing::error!(error = %e, "API storage call failed");
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "storage_unavailable",
+        "the database is unavailable; try again",
+    )
+}
+
+/// The response of a call that did not give its answer.
+pub fn not_answered(e: CallError) -> Response {
+    match e {
+        CallError::Refused(r) => refused(r),
+        CallError::Store(e) => unavailable(&e),
+    }
 }

@@ -17,6 +17,8 @@ pub mod http;
 pub mod hub;
 pub mod keys;
 pub mod listen;
+pub mod manage;
+pub mod moderation;
 pub mod outbound;
 pub mod outcall;
 pub mod ratelimit;

@@ -267,10 +267,12 @@ async fn deliveries(cfg: Config, community: &str, command: DeliveriesCommand) ->
                 let target = target
                     .map(|t| nostr::prelude::PublicKey::from_hex(&t))
                     .transpose()?;
-                for d in store
-                    .list_deliveries(community, target.as_ref(), status, None, limit)
-                    .await?
-                {
+                let filter = relay::store::deliveries::ListFilter {
+                    target,
+                    status,
+                    ..Default::default()
+                };
+                for d in store.list_deliveries(community, &filter, limit).await? {
                     println!("{}", serde_json::to_string(&d.list_view())?);
                 }
                 Ok(())

@@ -19,7 +19,7 @@ use crate::http::{error, limited, Authed, Tenant};
 use crate::state::AppState;
 
 /// Supported NIPs, as advertised in NIP-11.
-pub const SUPPORTED_NIPS: &[u16] = &[1, 9, 11, 29, 40, 42, 45, 70, 98];
+pub const SUPPORTED_NIPS: &[u16] = &[1, 9, 11, 29, 40, 42, 45, 70, 86, 98];
 
 /// Builds the router.
 pub fn router(state: Arc<AppState>) -> Router {
@@ -28,7 +28,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .allow_methods(Any)
         .allow_headers(AllowHeaders::mirror_request());
     Router::new()
-        .route("/", get(root))
+        .route("/", get(root).post(crate::manage::handle))
         .route("/me", get(me))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -180,7 +180,8 @@ async fn root(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("application/nostr+json"));
     if wants_nip11 {
-        let mut resp = Json(relay_info(&state, &tenant.community)).into_response();
+        let moderation = state.moderation.get(&tenant.community).await;
+        let mut resp = Json(relay_info(&state, &tenant.community, &moderation)).into_response();
         resp.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/nostr+json"),
@@ -194,13 +195,18 @@ async fn root(
         .into_response()
 }
 
-/// The NIP-11 document of a community.
-pub fn relay_info(state: &AppState, community: &Community) -> serde_json::Value {
+/// The NIP-11 document of a community (its name and description as its
+/// admins set them, else as configured).
+pub fn relay_info(
+    state: &AppState,
+    community: &Community,
+    moderation: &crate::store::manage::Moderation,
+) -> serde_json::Value {
     let l = &state.cfg.limits;
     let pubkey = community.keys.public_key().to_hex();
     json!({
-        "name": state.cfg.name,
-        "description": state.cfg.description,
+        "name": moderation.name.as_deref().unwrap_or(&state.cfg.name),
+        "description": moderation.description.as_deref().unwrap_or(&state.cfg.description),
         "pubkey": pubkey,
         "self": pubkey,
         "supported_nips": SUPPORTED_NIPS,

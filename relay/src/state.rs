@@ -60,6 +60,8 @@ pub struct AppState {
     /// not yet): `/readyz` reads it to tell a running engine from one that
     /// stopped.
     pub engine_beat: std::sync::atomic::AtomicU64,
+    /// Each community's bans and NIP-11 text, cached.
+    pub moderation: crate::moderation::ModerationCache,
 }
 
 impl AppState {
@@ -80,6 +82,7 @@ impl AppState {
         Self {
             cfg: Arc::new(cfg),
             communities: Communities::new(store.clone(), keys_dir),
+            moderation: crate::moderation::ModerationCache::new(store.clone()),
             store,
             hub: Hub::new(capacity, output.clone()),
             shutdown: CancellationToken::new(),
@@ -99,6 +102,7 @@ impl AppState {
     /// first forgetting cached state of a channel the event changes. Every
     /// local and remote event goes through here.
     pub fn publish(&self, community: &str, event: Arc<Event>, raw: Arc<str>) {
+        self.moderation.observe(community, &event);
         if channels::changes_channel(event.kind.as_u16()) {
             if let Some(ch) = channel_of(&event) {
                 self.channels.forget(community, ch);

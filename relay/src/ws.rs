@@ -266,11 +266,12 @@ impl Conn {
     }
 
     /// The admission rules for this connection's community, now.
-    fn rules(&self) -> admission::Rules<'_> {
+    fn rules<'a>(&'a self, bans: &'a admission::Bans) -> admission::Rules<'a> {
         admission::Rules {
             limits: self.limits(),
             community_key: self.community.pubkey(),
             now: unix_now(),
+            bans: Some(bans),
         }
     }
 
@@ -287,7 +288,8 @@ impl Conn {
             return Ok(self.ok(&id, false, &msg)?);
         }
         let raw: Arc<str> = Arc::from(event.as_json());
-        if let Err(refusal) = admission::check(&event, raw.len(), &self.rules()) {
+        let moderation = self.state.moderation.get(&self.community).await;
+        if let Err(refusal) = admission::check(&event, raw.len(), &self.rules(&moderation.bans)) {
             return Ok(self.ok(&id, false, &refusal.to_string())?);
         }
         self.verifying.push_back(Box::pin(async move {
@@ -635,6 +637,10 @@ impl Conn {
         let age = now.abs_diff(event.created_at.as_secs());
         if age > self.limits().auth_max_age_secs {
             return Ok(self.auth_ok(&id, false, "invalid: AUTH event created_at is too far from now")?);
+        }
+        let moderation = self.state.moderation.get(&self.community).await;
+        if moderation.bans.pubkeys.contains(&event.pubkey.to_bytes()) {
+            return Ok(self.auth_ok(&id, false, "blocked: this pubkey is banned in this community")?);
         }
         self.authed = Some(event.pubkey);
         Ok(self.auth_ok(&id, true, "")?)

@@ -13,12 +13,14 @@ use serde_json::Value;
 use super::calls::{Claim, Finish, Operation, Renew};
 use super::deliveries::{self, Answer, ClaimRequest, Delivery, FinishRequest, Finished, Refusal};
 pub use super::group::HttpAuthUse;
+use super::manage;
 use super::outcalls::{self, CallAnswer};
 use super::runs::{self, StepOutcome};
 use super::sqlstore::SqlStore;
 use super::workflows;
 use super::StoreError;
 use crate::config::DeliveryConfig;
+use protocol::nip86::List;
 
 /// Workflows, runs and deliveries.
 #[async_trait]
@@ -136,13 +138,11 @@ pub trait WorkflowStore: Send + Sync {
         req: FinishRequest,
     ) -> Answer<Finished>;
 
-    /// Deliveries, newest first (one target's when given).
+    /// Deliveries, newest first, as `filter` narrows them.
     async fn list_deliveries(
         &self,
         community: &str,
-        target: Option<&PublicKey>,
-        status: Option<protocol::api::DeliveryStatus>,
-        before: Option<i64>,
+        filter: &deliveries::ListFilter,
         limit: u32,
     ) -> Result<Vec<Delivery>, StoreError>;
 
@@ -363,13 +363,11 @@ impl WorkflowStore for SqlStore {
     async fn list_deliveries(
         &self,
         community: &str,
-        target: Option<&PublicKey>,
-        status: Option<protocol::api::DeliveryStatus>,
-        before: Option<i64>,
+        filter: &deliveries::ListFilter,
         limit: u32,
     ) -> Result<Vec<Delivery>, StoreError> {
         let mut tx = self.pool.read().await?;
-        deliveries::list_own(&mut tx, community, target, status, before, limit).await
+        deliveries::list(&mut tx, community, filter, limit).await
     }
 
     async fn show_delivery(
@@ -400,5 +398,170 @@ impl WorkflowStore for SqlStore {
         self.announce(&mut tx, community, &raws).await?;
         tx.commit().await?;
         Ok(published)
+    }
+}
+
+/// Management (NIP-86 and ours): each change with its notice in one
+/// transaction (`manage.rs`), announced to other processes inside it.
+#[async_trait]
+pub trait ManageStore: Send + Sync {
+    /// The community's bans and NIP-11 text.
+    async fn moderation(&self, community: &str) -> Result<manage::Moderation, StoreError>;
+
+    async fn list_entries(&self, community: &str, list: List) -> Result<Vec<([u8; 32], String)>, StoreError>;
+
+    async fn add_to_list(
+        &self,
+        community: &str,
+        keys: &Keys,
+        list: List,
+        value: &[u8; 32],
+        reason: &str,
+        actor: &PublicKey,
+    ) -> Answer<manage::Notice>;
+
+    async fn set_info(
+        &self,
+        community: &str,
+        keys: &Keys,
+        field: manage::InfoField,
+        text: &str,
+        actor: &PublicKey,
+    ) -> Result<manage::Notice, StoreError>;
+
+    /// `retrydelivery` (`retry`) or `canceldelivery`.
+    async fn act_on_delivery(
+        &self,
+        community: &str,
+        keys: &Keys,
+        actor: manage::Actor<'_>,
+        id: &str,
+        retry: bool,
+        cfg: &DeliveryConfig,
+    ) -> Answer<manage::DeliveryActed>;
+
+    async fn cancel_run(
+        &self,
+        community: &str,
+        keys: &Keys,
+        actor: manage::Actor<'_>,
+        run_id: &str,
+    ) -> Answer<manage::Notice>;
+
+    async fn set_paused(
+        &self,
+        community: &str,
+        keys: &Keys,
+        actor: manage::Actor<'_>,
+        workflow_id: &str,
+        paused: bool,
+    ) -> Answer<Option<manage::Notice>>;
+
+    /// Whether `owner` owns a workflow here.
+    async fn owns_workflow(&self, community: &str, owner: &PublicKey) -> Result<bool, StoreError>;
+}
+
+impl SqlStore {
+    /// Commits `tx` with `notices` announced to other processes inside it.
+    async fn commit_noticed(
+        &self,
+        mut tx: super::db::Tx<'_>,
+        community: &str,
+        notices: &[&manage::Notice],
+    ) -> Result<(), StoreError> {
+        let raws: Vec<&str> = notices.iter().map(|(_, raw)| raw.as_str()).collect();
+        self.announce(&mut tx, community, &raws).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl ManageStore for SqlStore {
+    async fn moderation(&self, community: &str) -> Result<manage::Moderation, StoreError> {
+        let mut tx = self.pool.read().await?;
+        manage::load(&mut tx, community).await
+    }
+
+    async fn list_entries(&self, community: &str, list: List) -> Result<Vec<([u8; 32], String)>, StoreError> {
+        let mut tx = self.pool.read().await?;
+        manage::entries(&mut tx, community, list).await
+    }
+
+    async fn add_to_list(
+        &self,
+        community: &str,
+        keys: &Keys,
+        list: List,
+        value: &[u8; 32],
+        reason: &str,
+        actor: &PublicKey,
+    ) -> Answer<manage::Notice> {
+        let mut tx = self.pool.begin().await?;
+        let notice = manage::add(&mut tx, community, keys, list, value, reason, actor).await?;
+        self.commit_noticed(tx, community, &[&notice]).await?;
+        Ok(notice)
+    }
+
+    async fn set_info(
+        &self,
+        community: &str,
+        keys: &Keys,
+        field: manage::InfoField,
+        text: &str,
+        actor: &PublicKey,
+    ) -> Result<manage::Notice, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let notice = manage::set_info(&mut tx, community, keys, field, text, actor).await?;
+        self.commit_noticed(tx, community, &[&notice]).await?;
+        Ok(notice)
+    }
+
+    async fn act_on_delivery(
+        &self,
+        community: &str,
+        keys: &Keys,
+        actor: manage::Actor<'_>,
+        id: &str,
+        retry: bool,
+        cfg: &DeliveryConfig,
+    ) -> Answer<manage::DeliveryActed> {
+        let mut tx = self.pool.begin().await?;
+        let acted = manage::act_on_delivery(&mut tx, community, keys, actor, id, retry, cfg).await?;
+        self.commit_noticed(tx, community, &[&acted.notice]).await?;
+        Ok(acted)
+    }
+
+    async fn cancel_run(
+        &self,
+        community: &str,
+        keys: &Keys,
+        actor: manage::Actor<'_>,
+        run_id: &str,
+    ) -> Answer<manage::Notice> {
+        let mut tx = self.pool.begin().await?;
+        let notice = manage::cancel_run(&mut tx, community, keys, actor, run_id).await?;
+        self.commit_noticed(tx, community, &[&notice]).await?;
+        Ok(notice)
+    }
+
+    async fn set_paused(
+        &self,
+        community: &str,
+        keys: &Keys,
+        actor: manage::Actor<'_>,
+        workflow_id: &str,
+        paused: bool,
+    ) -> Answer<Option<manage::Notice>> {
+        let mut tx = self.pool.begin().await?;
+        let notice = manage::set_paused(&mut tx, community, keys, actor, workflow_id, paused).await?;
+        let all: Vec<&manage::Notice> = notice.iter().collect();
+        self.commit_noticed(tx, community, &all).await?;
+        Ok(notice)
+    }
+
+    async fn owns_workflow(&self, community: &str, owner: &PublicKey) -> Result<bool, StoreError> {
+        let mut tx = self.pool.read().await?;
+        workflows::owns_any(&mut tx, community, owner).await
     }
 }

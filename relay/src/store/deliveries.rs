@@ -164,7 +164,7 @@ impl Delivery {
     }
 }
 
-async fn load(tx: &mut Tx<'_>, community: &str, id: &str) -> Result<Option<Delivery>, StoreError> {
+pub(super) async fn load(tx: &mut Tx<'_>, community: &str, id: &str) -> Result<Option<Delivery>, StoreError> {
     Ok(load_with_membership(tx, community, id).await?.map(|(d, _)| d))
 }
 
@@ -952,13 +952,23 @@ async fn wrote_in_attempt(tx: &mut Tx<'_>, community: &str, d: &Delivery) -> Res
     .await
 }
 
-/// The caller's own deliveries, newest first.
-pub async fn list_own(
+/// Which deliveries a listing shows (every field narrows it).
+#[derive(Debug, Default, Clone)]
+pub struct ListFilter {
+    pub target: Option<PublicKey>,
+    pub status: Option<Status>,
+    pub workflow: Option<String>,
+    /// Only the workflows this pubkey owns.
+    pub owner: Option<PublicKey>,
+    /// Only rows created before this unix second.
+    pub before: Option<i64>,
+}
+
+/// Deliveries, newest first.
+pub async fn list(
     tx: &mut Tx<'_>,
     community: &str,
-    target: Option<&PublicKey>,
-    status: Option<Status>,
-    before: Option<i64>,
+    f: &ListFilter,
     limit: u32,
 ) -> Result<Vec<Delivery>, StoreError> {
     let d = tx.dialect();
@@ -966,19 +976,79 @@ pub async fn list_own(
         "SELECT {COLS} FROM workflow_agent_deliveries WHERE community_id = "
     ))
     .arg(d, community);
-    if let Some(t) = target {
+    if let Some(t) = &f.target {
         q = q.and(d, "target_pubkey =", t.to_bytes());
     }
-    if let Some(s) = status {
+    if let Some(s) = f.status {
         q = q.and(d, "status =", s.as_str());
     }
-    if let Some(b) = before {
+    if let Some(w) = &f.workflow {
+        q = q.and(d, "workflow_id =", w.as_str());
+    }
+    if let Some(o) = &f.owner {
+        q = q
+            .push_text(" AND workflow_id IN (SELECT w.id FROM workflows w WHERE w.community_id = ")
+            .arg(d, community)
+            .and(d, "w.owner =", o.to_bytes())
+            .push_text(")");
+    }
+    if let Some(b) = f.before {
         q = q.and(d, "created_at <", b);
     }
     let q = q
         .push_text(" ORDER BY created_at DESC, id DESC LIMIT ")
         .arg(d, i64::from(limit));
     tx.all(q).await?.iter().map(delivery).collect()
+}
+
+/// What an admin or the workflow's owner does to a row: `canceldelivery`
+/// ([`On::OperatorCancel`]) or `retrydelivery` ([`On::Redrive`]), as the
+/// machine decides; `why` is the cancelled row's failure message. Returns
+/// the row's new status.
+pub(super) async fn operate(
+    tx: &mut Tx<'_>,
+    community: &str,
+    d: &Delivery,
+    event: On<'_>,
+    now: i64,
+    why: &str,
+) -> Answer<Status> {
+    let q = match machine::transition(&d.state(), event, now)? {
+        Transition::Cancel => Q::new(
+            "UPDATE workflow_agent_deliveries SET status = 'cancelled', failure_code = 'cancelled_by_operator', \
+             failure_message = $4, claim_token = NULL, updated_at = $5 \
+             WHERE community_id = $1 AND id = $2 AND status = $3",
+        )
+        .bind(community)
+        .bind(d.id.as_str())
+        .bind(d.status.as_str())
+        .bind(why)
+        .bind(now),
+        Transition::Redrive {
+            max_attempts,
+            expires_at,
+        } => Q::new(
+            "UPDATE workflow_agent_deliveries SET status = 'pending', claim_token = NULL, \
+             claim_expires_at = NULL, next_attempt_at = $5, expires_at = $6, max_attempts = $4, \
+             failure_code = NULL, failure_message = NULL, updated_at = $5 \
+             WHERE community_id = $1 AND id = $2 AND status = $3",
+        )
+        .bind(community)
+        .bind(d.id.as_str())
+        .bind(d.status.as_str())
+        .bind(max_attempts)
+        .bind(now)
+        .bind(expires_at),
+        other => return Err(StoreError::Corrupt(format!("not an operator's transition: {other:?}")).into()),
+    };
+    // The row was loaded locked (PostgreSQL) or under the write lock (SQLite).
+    if tx.exec(q).await? != 1 {
+        return Err(StoreError::Corrupt(format!("delivery {} changed under its lock", d.id)).into());
+    }
+    Ok(match event {
+        On::Redrive { .. } => Status::Pending,
+        _ => Status::Cancelled,
+    })
 }
 
 /// One delivery by id with its attempts and operations.

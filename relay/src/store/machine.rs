@@ -11,6 +11,8 @@
 //!                      |  --lease lapsed, recorded no write, attempts left--> pending
 //! pending --lifetime over--> expired
 //! pending|claimed --channel deleted / workflow disabled--> cancelled
+//! pending|claimed --canceldelivery (operator or owner)--> cancelled
+//! failed|expired|cancelled --retrydelivery--> pending (fresh budget and lifetime)
 //! ```
 //!
 //! A stale holder is fenced: every renew, operation and finish must come
@@ -64,6 +66,12 @@ pub enum Event<'a> {
     LifetimeOver,
     /// The channel was deleted or the workflow disabled.
     Cancel,
+    /// An admin or the workflow's owner cancels the row (`canceldelivery`).
+    OperatorCancel,
+    /// An admin or the workflow's owner re-drives an ended row
+    /// (`retrydelivery`): `max_attempts` more attempts within a new
+    /// lifetime of `lifetime_secs`.
+    Redrive { max_attempts: i64, lifetime_secs: i64 },
 }
 
 /// Why a delivery failed for good.
@@ -111,6 +119,9 @@ pub enum Transition {
     Expire,
     /// `-> cancelled` (terminal).
     Cancel,
+    /// `failed|expired|cancelled -> pending`, due now, attempts up to
+    /// `max_attempts`, alive until `expires_at`.
+    Redrive { max_attempts: i64, expires_at: i64 },
     /// The event does not apply to the row's state (the sweeper or a
     /// cancellation found it changed meanwhile): no change.
     Stays,
@@ -156,6 +167,20 @@ pub fn transition(s: &State<'_>, event: Event<'_>, now: i64) -> Result<Transitio
         } else {
             Transition::Stays
         }),
+        Event::OperatorCancel => match s.status {
+            Status::Pending | Status::Claimed => Ok(Transition::Cancel),
+            ended => Err(Refusal::AlreadyEnded(ended)),
+        },
+        Event::Redrive {
+            max_attempts,
+            lifetime_secs,
+        } => match s.status {
+            Status::Failed | Status::Expired | Status::Cancelled => Ok(Transition::Redrive {
+                max_attempts: s.attempt.saturating_add(max_attempts),
+                expires_at: now.saturating_add(lifetime_secs),
+            }),
+            other => Err(Refusal::NotRetryable(other)),
+        },
     }
 }
 
@@ -574,6 +599,39 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn operator_edges() {
+        let redrive = Event::Redrive {
+            max_attempts: 3,
+            lifetime_secs: 600,
+        };
+        for ended in [Status::Failed, Status::Expired, Status::Cancelled] {
+            let s = with(claimed(), |s| s.status = ended);
+            assert_eq!(
+                transition(&s, redrive, NOW),
+                Ok(Transition::Redrive {
+                    max_attempts: 4,
+                    expires_at: NOW + 600
+                }),
+                "{ended}"
+            );
+            assert_eq!(
+                transition(&s, Event::OperatorCancel, NOW),
+                Err(Refusal::AlreadyEnded(ended))
+            );
+        }
+        for open in [Status::Pending, Status::Claimed] {
+            let s = with(claimed(), |s| s.status = open);
+            assert_eq!(transition(&s, redrive, NOW), Err(Refusal::NotRetryable(open)));
+            assert_eq!(transition(&s, Event::OperatorCancel, NOW), Ok(Transition::Cancel));
+        }
+        let delivered = with(claimed(), |s| s.status = Status::Delivered);
+        assert_eq!(
+            transition(&delivered, redrive, NOW),
+            Err(Refusal::NotRetryable(Status::Delivered))
+        );
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub mod deliveries;
 pub(crate) mod events;
 mod group;
 pub mod machine;
+pub mod manage;
 pub mod notices;
 pub mod outcalls;
 pub mod postgres;
@@ -156,12 +157,12 @@ pub enum OpenMode {
     Existing,
 }
 
-pub use api::WorkflowStore;
+pub use api::{ManageStore, WorkflowStore};
 
 /// The storage interface of the relay (events, channels, agents; and through
 /// [`WorkflowStore`] workflows and deliveries).
 #[async_trait]
-pub trait Store: WorkflowStore + Send + Sync + 'static {
+pub trait Store: WorkflowStore + ManageStore + Send + Sync + 'static {
     /// `"sqlite"` or `"postgres"`.
     fn backend(&self) -> &'static str;
 

@@ -34,3 +34,40 @@ pub async fn post(
         .of_no_deletion();
     Ok((ev, raw))
 }
+
+/// The NIP-32 namespace of the relay's management notices.
+pub const MANAGEMENT_NAMESPACE: &str = "nip86";
+
+/// Signs and stores a community-wide management notice: a NIP-32 label
+/// (kind 1985) by the community key, `["L", "nip86"]`, `["l", <method>,
+/// "nip86"]`, the target's tag (`p` or `e`) and `["by", <actor>]`; `text`
+/// says it for people. Relay processes forget their cached lists when one
+/// reaches them (`AppState::publish`).
+#[allow(clippy::too_many_arguments)]
+pub async fn label(
+    tx: &mut Tx<'_>,
+    community: &str,
+    keys: &Keys,
+    method: &str,
+    target: Option<Tag>,
+    actor: &nostr::prelude::PublicKey,
+    text: String,
+    now: i64,
+) -> Result<(Event, String), StoreError> {
+    let mut tags = vec![
+        Tag::custom("L", [MANAGEMENT_NAMESPACE]),
+        Tag::custom("l", [method, MANAGEMENT_NAMESPACE]),
+    ];
+    tags.extend(target);
+    tags.push(Tag::custom("by", [actor.to_hex()]));
+    let ev = EventBuilder::new(Kind::from_u16(protocol::kinds::LABEL), text)
+        .tags(tags)
+        .custom_created_at(Timestamp::from_secs(u64::try_from(now).unwrap_or(0)))
+        .finalize(keys)
+        .map_err(|e| StoreError::Corrupt(format!("signing notice: {e}")))?;
+    let raw = serde_json::to_string(&ev).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let _stored = events::insert(tx, community, &ev, &raw, None)
+        .await?
+        .of_no_deletion();
+    Ok((ev, raw))
+}

@@ -49,6 +49,16 @@ pub enum Refusal {
     WorkflowDisabled,
     #[error("this workflow is triggered by {0}")]
     WrongTrigger(String),
+    #[error("the workflow is paused")]
+    WorkflowPaused,
+    #[error("the delivery is {0}; only a failed, expired or cancelled one is retried")]
+    NotRetryable(DeliveryStatus),
+    #[error("the delivery has already ended ({0})")]
+    AlreadyEnded(DeliveryStatus),
+    #[error("the run has already ended ({0})")]
+    RunEnded(protocol::api::RunStatus),
+    #[error("the list holds its maximum of {0} entries")]
+    ListFull(usize),
 }
 
 impl Refusal {
@@ -69,6 +79,11 @@ impl Refusal {
             Refusal::AgentNotMember | Refusal::OwnerLeft => "not_member",
             Refusal::Replayed(_) => "auth_replayed",
             Refusal::UnknownWorkflow => "unknown_workflow",
+            Refusal::WorkflowPaused => "workflow_paused",
+            Refusal::NotRetryable(_) => "not_retryable",
+            Refusal::AlreadyEnded(_) => "already_ended",
+            Refusal::RunEnded(_) => "run_ended",
+            Refusal::ListFull(_) => "list_full",
             Refusal::UnknownRun => "unknown_run",
             Refusal::NotOwner => "not_owner",
             Refusal::OwnerNotMember => "owner_not_member",

@@ -34,6 +34,7 @@ use super::approvals;
 use super::db::{named, Pool, Row, Tx, Q};
 use super::events::{self, created_at_of};
 use super::outcalls::{self, CallAnswer, CallResult, OutCall};
+use super::refusal::{Answer, Refusal};
 use super::workflows::{load_definition, load_workflow, new_id, ACTIVE_ROWS};
 use super::{InsertOutcome, StoreError};
 use crate::admission;
@@ -323,6 +324,7 @@ fn sign_admitted(
         limits,
         community_key: &keys.public_key(),
         now: u64::try_from(now).unwrap_or(0),
+        bans: None,
     };
     Ok(match admission::check(&ev, raw.len(), &rules) {
         Ok(()) => Ok((ev, raw)),
@@ -448,12 +450,17 @@ async fn due_run(
     now: i64,
     answered: bool,
 ) -> Result<Option<(RunRow, Definition)>, StoreError> {
-    // Whatever the run's state: a wake left for a run that moved on would
-    // list it again on every pass.
-    let woken = take_wakes(tx, community, run_id).await? > 0;
     let Some(run) = load_run(tx, community, run_id).await? else {
         return Ok(None);
     };
+    let workflow = load_workflow(tx, community, &run.workflow_id).await?;
+    if workflow.as_ref().is_some_and(|w| w.paused) {
+        // Held, wakes included, until the workflow is resumed.
+        return Ok(None);
+    }
+    // Whatever the run's state: a wake left for a run that moved on would
+    // list it again on every pass.
+    let woken = take_wakes(tx, community, run_id).await? > 0;
     let due = match run.status {
         RunStatus::Running => !answered,
         RunStatus::Waiting => answered || woken || run.wake_at.is_some_and(|w| w <= now),
@@ -462,9 +469,7 @@ async fn due_run(
     if !due {
         return Ok(None);
     }
-    let live = load_workflow(tx, community, &run.workflow_id)
-        .await?
-        .is_some_and(|w| w.enabled && !w.deleted);
+    let live = workflow.is_some_and(|w| w.enabled && !w.deleted);
     if !live {
         let why = Failure::new("workflow_disabled", "workflow disabled or deleted");
         end_run(tx, community, run_id, RunStatus::Cancelled, Some(why)).await?;
@@ -1369,6 +1374,11 @@ async fn insert_rows(
     tx.all(q).await?.iter().map(|r| r.id32(0)).collect()
 }
 
+/// A run (`r`) whose workflow is not paused: a paused workflow's runs
+/// wait, wherever they are, until it is resumed.
+const NOT_PAUSED: &str = "NOT EXISTS (SELECT 1 FROM workflows w WHERE w.community_id = r.community_id \
+     AND w.id = r.workflow_id AND w.paused)";
+
 /// Runs with a step to execute now, oldest first: the running ones, the
 /// waiting ones whose `wake_at` passed (by the database's clock), then
 /// the ones a finish woke.
@@ -1378,10 +1388,10 @@ async fn insert_rows(
 pub async fn due_runs(pool: &Pool, community: &str, limit: u32) -> Result<Vec<String>, StoreError> {
     let running = pool
         .all(
-            Q::new(
-                "SELECT id FROM workflow_runs WHERE community_id = $1 AND status = 'running' \
-                 ORDER BY created_at, id LIMIT $2",
-            )
+            Q::new(format!(
+                "SELECT id FROM workflow_runs r WHERE community_id = $1 AND status = 'running' \
+                 AND {NOT_PAUSED} ORDER BY created_at, id LIMIT $2"
+            ))
             .bind(community)
             .bind(i64::from(limit)),
         )
@@ -1395,8 +1405,8 @@ pub async fn due_runs(pool: &Pool, community: &str, limit: u32) -> Result<Vec<St
     let waiting = pool
         .all(
             Q::new(format!(
-                "SELECT id FROM workflow_runs WHERE community_id = $1 AND status = 'waiting' \
-                 AND wake_at <= {now} ORDER BY wake_at, id LIMIT $2"
+                "SELECT id FROM workflow_runs r WHERE community_id = $1 AND status = 'waiting' \
+                 AND wake_at <= {now} AND {NOT_PAUSED} ORDER BY wake_at, id LIMIT $2"
             ))
             .bind(community)
             .bind(i64::from(room)),
@@ -1411,9 +1421,13 @@ pub async fn due_runs(pool: &Pool, community: &str, limit: u32) -> Result<Vec<St
     }
     let woken = pool
         .all(
-            Q::new("SELECT DISTINCT run_id FROM workflow_run_wakes WHERE community_id = $1 LIMIT $2")
-                .bind(community)
-                .bind(i64::from(room)),
+            Q::new(format!(
+                "SELECT DISTINCT run_id FROM workflow_run_wakes k WHERE community_id = $1 AND NOT EXISTS \
+                 (SELECT 1 FROM workflow_runs r WHERE r.community_id = k.community_id AND r.id = k.run_id \
+                 AND NOT {NOT_PAUSED}) LIMIT $2"
+            ))
+            .bind(community)
+            .bind(i64::from(room)),
         )
         .await?;
     for r in &woken {
@@ -1423,6 +1437,97 @@ pub async fn due_runs(pool: &Pool, community: &str, limit: u32) -> Result<Vec<St
         }
     }
     Ok(ids)
+}
+
+/// The workflow and channel of a run, and where it is.
+pub async fn place_of(
+    tx: &mut Tx<'_>,
+    community: &str,
+    run_id: &str,
+) -> Result<Option<(String, String, RunStatus)>, StoreError> {
+    Ok(load_run(tx, community, run_id)
+        .await?
+        .map(|r| (r.workflow_id, r.channel, r.status)))
+}
+
+/// `cancelrun`: a run that has not ended is cancelled (`error_code`
+/// `cancelled`, `why` its message) with its open deliveries (their
+/// holders' finishes then answer 410).
+pub async fn cancel_by(tx: &mut Tx<'_>, community: &str, run_id: &str, why: &str) -> Answer<()> {
+    tx.lock(&format!("{community}:run:{run_id}")).await?;
+    let run = load_run(tx, community, run_id)
+        .await?
+        .ok_or(Refusal::UnknownRun)?;
+    if !matches!(run.status, RunStatus::Running | RunStatus::Waiting) {
+        return Err(Refusal::RunEnded(run.status).into());
+    }
+    let now = tx.now().await?;
+    end_run(
+        tx,
+        community,
+        run_id,
+        RunStatus::Cancelled,
+        Some(Failure::new("cancelled", why)),
+    )
+    .await?;
+    tx.exec(
+        Q::new(format!(
+            "UPDATE workflow_agent_deliveries SET status = 'cancelled', failure_code = 'run_cancelled', \
+             claim_token = NULL, updated_at = $3 WHERE community_id = $1 AND run_id = $2 AND {ACTIVE_ROWS}"
+        ))
+        .bind(community)
+        .bind(run_id)
+        .bind(now),
+    )
+    .await?;
+    Ok(())
+}
+
+/// After `retrydelivery` of a row of `step_id`: a run that failed at that
+/// `ask_agent` step waits there again, its timeout counted from now (the
+/// failed entry leaves the trace; the step's new end takes its place).
+/// Returns whether the run was reopened.
+pub async fn reopen_at(
+    tx: &mut Tx<'_>,
+    community: &str,
+    run_id: &str,
+    step_id: &str,
+) -> Result<bool, StoreError> {
+    tx.lock(&format!("{community}:run:{run_id}")).await?;
+    let Some(mut run) = load_run(tx, community, run_id).await? else {
+        return Ok(false);
+    };
+    if run.status != RunStatus::Failed {
+        return Ok(false);
+    }
+    let Some(def) = load_definition(tx, community, &run.definition_event_id).await? else {
+        return Ok(false);
+    };
+    let step = usize::try_from(run.current_step)
+        .ok()
+        .and_then(|i| def.steps.get(i));
+    let timeout = match step {
+        Some(s @ Step::AskAgent { timeout_secs, .. }) if s.id() == step_id => ask_timeout(*timeout_secs),
+        _ => return Ok(false),
+    };
+    if run.trace.last().is_some_and(|e| e.step == step_id) {
+        run.trace.pop();
+    }
+    let trace = serde_json::to_string(&run.trace).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let now = tx.now().await?;
+    tx.exec(
+        Q::new(
+            "UPDATE workflow_runs SET status = 'waiting', error = NULL, error_code = NULL, error_step = NULL, \
+             trace = $3, step_started_at = $4, wake_at = $5, updated_at = $4 WHERE community_id = $1 AND id = $2",
+        )
+        .bind(community)
+        .bind(run_id)
+        .bind(trace)
+        .bind(now)
+        .bind(now.saturating_add(timeout)),
+    )
+    .await?;
+    Ok(true)
 }
 
 /// Bytes of run traces one page of runs carries, at most (past the first

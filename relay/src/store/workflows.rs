@@ -24,6 +24,8 @@ pub(super) struct WorkflowRow {
     pub(super) definition_event_id: [u8; 32],
     pub(super) enabled: bool,
     pub(super) deleted: bool,
+    /// `pauseworkflow`: no new runs; open work held (`resumeworkflow`).
+    pub(super) paused: bool,
 }
 
 fn workflow_row(r: &Row) -> Result<WorkflowRow, StoreError> {
@@ -34,10 +36,11 @@ fn workflow_row(r: &Row) -> Result<WorkflowRow, StoreError> {
         definition_event_id: r.id32("definition_event_id")?,
         enabled: r.bool("enabled")?,
         deleted: r.bool("deleted")?,
+        paused: r.bool("paused")?,
     })
 }
 
-const WORKFLOW_COLS: &str = "id, channel, owner, definition_event_id, enabled, deleted";
+const WORKFLOW_COLS: &str = "id, channel, owner, definition_event_id, enabled, deleted, paused";
 
 pub(super) async fn load_workflow(
     tx: &mut Tx<'_>,
@@ -393,6 +396,9 @@ pub async fn create_run(
     if !w.enabled || w.deleted {
         return Err(Refusal::WorkflowDisabled.into());
     }
+    if w.paused {
+        return Err(Refusal::WorkflowPaused.into());
+    }
     // A run would read and post into a channel the owner may no longer see.
     if !is_member(tx, community, &w.channel, &w.owner).await? {
         return Err(Refusal::OwnerNotMember.into());
@@ -576,7 +582,7 @@ pub async fn fire_schedules(tx: &mut Tx<'_>, community: &str) -> Result<Vec<Stri
         .all(
             Q::new(
                 "SELECT id, interval_secs, cron, timezone, enabled_at FROM workflows WHERE community_id = $1 \
-                 AND trigger = 'schedule' AND enabled AND NOT deleted",
+                 AND trigger = 'schedule' AND enabled AND NOT deleted AND NOT paused",
             )
             .bind(community),
         )
@@ -627,6 +633,64 @@ fn slot_due(
         _ => return None,
     };
     (slot >= enabled_at).then_some(slot)
+}
+
+/// Pauses or resumes a live workflow (`pauseworkflow`, `resumeworkflow`):
+/// paused, it starts no run and its runs' steps wait; open deliveries stay
+/// open. Resumed, it fires from now on (a schedule's slots that passed
+/// while it was paused do not fire). Returns its channel, or `None` when
+/// it already was in that state.
+pub async fn set_paused(
+    tx: &mut Tx<'_>,
+    community: &str,
+    id: &str,
+    paused: bool,
+    now: i64,
+) -> Answer<Option<String>> {
+    let w = load_workflow(tx, community, id)
+        .await?
+        .ok_or(Refusal::UnknownWorkflow)?;
+    if !w.enabled || w.deleted {
+        return Err(Refusal::WorkflowDisabled.into());
+    }
+    if w.paused == paused {
+        return Ok(None);
+    }
+    let q = Q::new(
+        "UPDATE workflows SET paused = $3, updated_at = $4, \
+         enabled_at = CASE WHEN $3 THEN enabled_at ELSE $4 END WHERE community_id = $1 AND id = $2",
+    )
+    .bind(community)
+    .bind(id)
+    .bind(paused)
+    .bind(now);
+    tx.exec(q).await?;
+    Ok(Some(w.channel))
+}
+
+/// A definition an admin banned (`banevent`) is gone: its workflow is
+/// deleted and its open work cancelled, as a NIP-09 deletion does.
+pub async fn on_definition_banned(
+    tx: &mut Tx<'_>,
+    community: &str,
+    event_id: &[u8; 32],
+) -> Result<(), StoreError> {
+    let q = Q::new("SELECT owner FROM workflows WHERE community_id = $1 AND definition_event_id = $2")
+        .bind(community)
+        .bind(*event_id);
+    for row in tx.all(q).await? {
+        let owner = PublicKey::from_slice(&row.blob(0)?).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        on_definition_deleted(tx, community, &owner, Some(*event_id), None).await?;
+    }
+    Ok(())
+}
+
+/// Whether `owner` owns a workflow in the community (deleted ones aside).
+pub async fn owns_any(tx: &mut Tx<'_>, community: &str, owner: &PublicKey) -> Result<bool, StoreError> {
+    let q = Q::new("SELECT 1 FROM workflows WHERE community_id = $1 AND owner = $2 AND NOT deleted LIMIT 1")
+        .bind(community)
+        .bind(owner.to_bytes());
+    tx.exists(q).await
 }
 
 /// Whether `caller` owns the workflow, and with `member`, is also a member

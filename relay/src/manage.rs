@@ -1,0 +1,263 @@
+//! `POST /`: relay management (NIP-86 and this relay's methods, PROTOCOL.md
+//! section 11). NIP-98 authenticates the caller; the community's admins
+//! may call every method, a workflow's owner the ones on its own
+//! workflows' runs and deliveries ([`Method::open_to_owners`]). Every
+//! answer is `{"result"}` or `{"error": "<code>: <text>"}`.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use protocol::nip86::{self, Call, DeliveryQuery, List, Method};
+use serde_json::{json, Value};
+
+use crate::http::{limited, status_of, Authed};
+use crate::state::AppState;
+use crate::store::manage::{Actor, InfoField, Notice};
+use crate::store::refusal::CallError;
+
+/// An answer: the HTTP status and the body.
+type Answered = Result<Value, (StatusCode, String)>;
+
+fn reply(answered: Answered) -> Response {
+    match answered {
+        Ok(result) => Json(nip86::Response { result, error: None }).into_response(),
+        Err((status, error)) => {
+            let body = nip86::Response {
+                result: Value::Null,
+                error: Some(error),
+            };
+            (status, Json(body)).into_response()
+        }
+    }
+}
+
+fn failed(e: CallError) -> (StatusCode, String) {
+    match e {
+        CallError::Refused(r) => (status_of(&r), format!("{}: {r}", r.code())),
+        CallError::Store(e) => {
+            tracing::error!(error = %e, "management call failed");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "storage_unavailable: the database is unavailable; try again".into(),
+            )
+        }
+    }
+}
+
+/// Whether the request says it is a management call.
+pub fn is_rpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case(nip86::CONTENT_TYPE))
+}
+
+/// `POST /`.
+pub async fn handle(State(state): State<Arc<AppState>>, headers: HeaderMap, auth: Authed) -> Response {
+    if !is_rpc(&headers) {
+        let why = format!("invalid: Content-Type must be {}", nip86::CONTENT_TYPE);
+        return reply(Err((StatusCode::UNSUPPORTED_MEDIA_TYPE, why)));
+    }
+    if let Some(r) = limited(&state, &auth.tenant, &auth.pubkey) {
+        return r;
+    }
+    let call = serde_json::from_slice::<nip86::Request>(&auth.body)
+        .map_err(|e| format!("invalid: the body is not {{\"method\", \"params\"}}: {e}"))
+        .and_then(|req| Call::parse(&req));
+    let call = match call {
+        Ok(c) => c,
+        Err(why) => return reply(Err((StatusCode::BAD_REQUEST, why))),
+    };
+    let community = &auth.tenant.community;
+    let admin = state.cfg.is_admin(&community.id, &auth.pubkey.to_hex());
+    if !admin && !call.method().open_to_owners() {
+        let why = format!(
+            "restricted: {} is for this community's admins",
+            call.method().as_str()
+        );
+        return reply(Err((StatusCode::FORBIDDEN, why)));
+    }
+    let actor = Actor {
+        pubkey: &auth.pubkey,
+        admin,
+    };
+    reply(apply(&state, &auth, actor, call).await)
+}
+
+/// Carries out a checked call for `actor`.
+async fn apply(state: &AppState, auth: &Authed, actor: Actor<'_>, call: Call) -> Answered {
+    let community = &auth.tenant.community;
+    let (id, keys) = (community.id.as_str(), &community.keys);
+    match call {
+        Call::SupportedMethods => supported(state, id, actor).await,
+        Call::Add { list, value, reason } => {
+            let r = state
+                .store
+                .add_to_list(id, keys, list, &value, &reason, actor.pubkey)
+                .await;
+            announce(state, id, r.map_err(failed)?);
+            Ok(json!(true))
+        }
+        Call::Show(list) => show(state, id, list).await,
+        Call::ChangeName(text) => change(state, auth, InfoField::Name, &text).await,
+        Call::ChangeDescription(text) => change(state, auth, InfoField::Description, &text).await,
+        Call::ListDeliveries(q) => list_deliveries(state, id, actor, q).await,
+        Call::RetryDelivery(d) => on_delivery(state, auth, actor, &d, true).await,
+        Call::CancelDelivery(d) => on_delivery(state, auth, actor, &d, false).await,
+        Call::CancelRun(run) => {
+            let notice = state
+                .store
+                .cancel_run(id, keys, actor, &run)
+                .await
+                .map_err(failed)?;
+            announce(state, id, notice);
+            let changed = nip86::RunChanged {
+                id: run,
+                status: protocol::api::RunStatus::Cancelled,
+            };
+            Ok(json!(changed))
+        }
+        Call::PauseWorkflow(w) => pause(state, auth, actor, w, true).await,
+        Call::ResumeWorkflow(w) => pause(state, auth, actor, w, false).await,
+    }
+}
+
+/// Publishes a committed notice to this process's subscribers (which also
+/// makes this process forget its cached moderation at once).
+fn announce(state: &AppState, community: &str, (event, raw): Notice) {
+    state.publish(community, Arc::new(event), Arc::from(raw));
+}
+
+/// The methods the caller may call: all for an admin; for the owner of a
+/// workflow here, those open to owners; anyone else is refused.
+async fn supported(state: &AppState, community: &str, actor: Actor<'_>) -> Answered {
+    let owner = actor.admin
+        || state
+            .store
+            .owns_workflow(community, actor.pubkey)
+            .await
+            .map_err(|e| failed(e.into()))?;
+    if !owner {
+        let why = "restricted: only this community's admins and workflow owners manage it";
+        return Err((StatusCode::FORBIDDEN, why.into()));
+    }
+    let names: Vec<&str> = Method::ALL
+        .iter()
+        .filter(|m| actor.admin || m.open_to_owners())
+        .map(|m| m.as_str())
+        .collect();
+    Ok(json!(names))
+}
+
+async fn show(state: &AppState, community: &str, list: List) -> Answered {
+    let entries = state
+        .store
+        .list_entries(community, list)
+        .await
+        .map_err(|e| failed(e.into()))?;
+    Ok(match list {
+        List::BannedEvents => json!(entries
+            .into_iter()
+            .map(|(id, reason)| nip86::EventEntry {
+                id: hex::encode(id),
+                reason
+            })
+            .collect::<Vec<_>>()),
+        _ => json!(entries
+            .into_iter()
+            .map(|(pk, reason)| nip86::PubkeyEntry {
+                pubkey: hex::encode(pk),
+                reason
+            })
+            .collect::<Vec<_>>()),
+    })
+}
+
+async fn change(state: &AppState, auth: &Authed, field: InfoField, text: &str) -> Answered {
+    let community = &auth.tenant.community;
+    let notice = state
+        .store
+        .set_info(&community.id, &community.keys, field, text, &auth.pubkey)
+        .await
+        .map_err(|e| failed(e.into()))?;
+    announce(state, &community.id, notice);
+    Ok(json!(true))
+}
+
+/// Default rows of `listdeliveries`.
+const DEFAULT_LIST_DELIVERIES: u32 = 100;
+
+async fn list_deliveries(state: &AppState, community: &str, actor: Actor<'_>, q: DeliveryQuery) -> Answered {
+    let now = i64::try_from(crate::clock::unix_now()).unwrap_or(i64::MAX);
+    let filter = crate::store::deliveries::ListFilter {
+        status: q.status,
+        workflow: q.workflow,
+        owner: (!actor.admin).then_some(*actor.pubkey),
+        before: q.older_than_secs.map(|s| {
+            now.saturating_sub(i64::try_from(s).unwrap_or(i64::MAX))
+                .saturating_add(1)
+        }),
+        ..Default::default()
+    };
+    let limit = q.limit.unwrap_or(DEFAULT_LIST_DELIVERIES);
+    let rows = state
+        .store
+        .list_deliveries(community, &filter, limit)
+        .await
+        .map_err(|e| failed(e.into()))?;
+    let views: Vec<protocol::api::DeliveryView> = rows.iter().map(|d| d.list_view()).collect();
+    Ok(json!(views))
+}
+
+async fn on_delivery(state: &AppState, auth: &Authed, actor: Actor<'_>, id: &str, retry: bool) -> Answered {
+    let community = &auth.tenant.community;
+    let acted = state
+        .store
+        .act_on_delivery(
+            &community.id,
+            &community.keys,
+            actor,
+            id,
+            retry,
+            &state.cfg.deliveries,
+        )
+        .await
+        .map_err(failed)?;
+    announce(state, &community.id, acted.notice);
+    if retry {
+        crate::engine::wake_delivery(state, &community.id, &community.keys, &acted.delivery).await;
+    }
+    // A run reopened or woken by a cancelled row is looked at now.
+    state.kick.kick();
+    let changed = nip86::DeliveryChanged {
+        id: id.to_string(),
+        status: acted.status,
+    };
+    Ok(json!(changed))
+}
+
+async fn pause(
+    state: &AppState,
+    auth: &Authed,
+    actor: Actor<'_>,
+    workflow: String,
+    paused: bool,
+) -> Answered {
+    let community = &auth.tenant.community;
+    let notice = state
+        .store
+        .set_paused(&community.id, &community.keys, actor, &workflow, paused)
+        .await
+        .map_err(failed)?;
+    if let Some(n) = notice {
+        announce(state, &community.id, n);
+    }
+    if !paused {
+        state.kick.kick();
+    }
+    Ok(json!(nip86::WorkflowChanged { id: workflow, paused }))
+}
