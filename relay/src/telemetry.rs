@@ -81,8 +81,11 @@ pub fn outcome(accepted: bool, message: &str) -> &'static str {
 /// The code label of a delivery transition: the relay's own codes as
 /// they are, any other (an agent's free text) as `agent`.
 pub fn code_label(code: &str) -> &'static str {
-    const OWN: [&str; 12] = [
+    const OWN: [&str; 15] = [
         "lease_expired",
+        "cancelled_by_operator",
+        "retried_by_operator",
+        "run_cancelled",
         "expired",
         "attempts_exhausted",
         "interrupted_after_write",

@@ -228,3 +228,28 @@ pub async fn relay_messages(relay: &Relay, fx: &Fixture) -> Vec<Event> {
     .await
     .events()
 }
+
+/// A management call (NIP-86): `POST /` with the RPC content type and a
+/// NIP-98 header for `u` (`http://<host>/`, or the WebSocket form).
+pub async fn rpc_as(relay: &Relay, keys: &Keys, u: &str, method: &str, params: Value) -> (u16, Value) {
+    let body = json!({"method": method, "params": params}).to_string();
+    let auth = protocol::nip98::header(keys, "POST", u, body.as_bytes());
+    let resp = reqwest::Client::new()
+        .post(format!("{}/", relay.http_url()))
+        .header("Host", relay.addr.to_string())
+        .header("Content-Type", protocol::nip86::CONTENT_TYPE)
+        .header("Authorization", auth)
+        .body(body)
+        .send()
+        .await
+        .expect("management call");
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap_or_default();
+    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+/// A management call signed for `http://<relay address>/`.
+pub async fn rpc(relay: &Relay, keys: &Keys, method: &str, params: Value) -> (u16, Value) {
+    let u = format!("http://{}/", relay.addr);
+    rpc_as(relay, keys, &u, method, params).await
+}

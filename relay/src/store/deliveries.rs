@@ -1045,10 +1045,12 @@ pub(super) async fn operate(
     if tx.exec(q).await? != 1 {
         return Err(StoreError::Corrupt(format!("delivery {} changed under its lock", d.id)).into());
     }
-    Ok(match event {
-        On::Redrive { .. } => Status::Pending,
-        _ => Status::Cancelled,
-    })
+    let (status, code) = match event {
+        On::Redrive { .. } => (Status::Pending, "retried_by_operator"),
+        _ => (Status::Cancelled, "cancelled_by_operator"),
+    };
+    counted(status, code);
+    Ok(status)
 }
 
 /// One delivery by id with its attempts and operations.
