@@ -31,7 +31,7 @@ pub fn workspace_bin(name: &str) -> PathBuf {
         // ACP agent, chaos, bench). Debug builds (tests, the crash campaign)
         // carry the test-only fault hooks; release builds (benchmarks) do not.
         cmd.args([
-            "build", "--quiet", "--bins", "-p", "relay", "-p", "agent", "-p", "tests",
+            "build", "--quiet", "--bins", "-p", "relay", "-p", "agent", "-p", "ctl", "-p", "tests",
         ]);
         if profile_dir().ends_with("release") {
             cmd.arg("--release");

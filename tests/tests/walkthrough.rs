@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use tests::{workspace_bin, Backend, Relay};
+use tests::{workspace_bin, Backend, Relay, RelayOptions};
 
 fn agent(dir: &Path, args: &[&str]) -> String {
     let out = Command::new(workspace_bin("agent"))
@@ -21,6 +21,27 @@ fn agent(dir: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `relayctl` run in `dir` with `env`; (success, stdout, stderr).
+fn relayctl_env(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(workspace_bin("relayctl"))
+        .args(args)
+        .envs(env.iter().copied())
+        .env_remove("RELAYCTL_KEY")
+        .current_dir(dir)
+        .output()
+        .expect("run relayctl");
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.success(), text(&out.stdout), text(&out.stderr))
+}
+
+/// `relayctl` as the owner (`RELAYCTL_KEY_FILE=owner.key`); its stdout.
+fn relayctl(dir: &Path, url: &str, args: &[&str]) -> String {
+    let env = [("RELAYCTL_KEY_FILE", "owner.key"), ("RELAYCTL_URL", url)];
+    let (ok, out, err) = relayctl_env(dir, &env, args);
+    assert!(ok, "relayctl {args:?}: {err}");
+    out
+}
+
 struct Kill(Child);
 
 impl Drop for Kill {
@@ -32,12 +53,20 @@ impl Drop for Kill {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn walkthrough_from_the_docs() {
-    let relay = Relay::start(&Backend::Sqlite);
-    let r = relay.ws_url();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let owner = agent(d, &["keygen", "--out", "owner.key"]);
     let owner_hex = owner.lines().next().unwrap().to_string();
+    // The owner also administers the community (docs: relay.toml).
+    let relay = Relay::start_opts(
+        &Backend::Sqlite,
+        RelayOptions {
+            config_toml: format!("[communities.default]\nadmins = [\"{owner_hex}\"]\n"),
+            ..Default::default()
+        },
+    );
+    let r = relay.ws_url();
+    let url = relay.http_url();
     let bot = agent(d, &["keygen", "--out", "bot.key"]);
     let (bot_hex, bot_npub) = (
         bot.lines().next().unwrap().to_string(),
@@ -106,29 +135,34 @@ async fn walkthrough_from_the_docs() {
         ],
     );
     let triage = format!(
-        r#"{{"name": "triage", "trigger": {{"on": "message_posted", "filter": {{"text_contains": "help"}}}},
- "steps": [{{"id": "ask", "action": "send_message",
-            "text": "nostr:{bot_npub} can you look at: {{{{trigger.text}}}}"}}]}}"#
+        "name: triage\ntrigger:\n  on: message_posted\n  filter:\n    text_contains: help\n\
+         steps:\n  - id: ask\n    action: send_message\n    \
+         text: \"nostr:{bot_npub} can you look at: {{{{trigger.text}}}}\"\n"
     );
-    std::fs::write(d.join("triage.json"), triage).unwrap();
-    agent(
+    std::fs::write(d.join("triage.yaml"), triage).unwrap();
+    // A definition the relay would refuse is refused before it is sent,
+    // with the relay's own words.
+    std::fs::write(
+        d.join("broken.yaml"),
+        "name: broken\ntrigger: {on: manual}\nsteps:\n  - id: x\n    action: teleport\n",
+    )
+    .unwrap();
+    let env = [("RELAYCTL_KEY_FILE", "owner.key"), ("RELAYCTL_URL", url.as_str())];
+    let (ok, _, err) = relayctl_env(
         d,
-        &[
-            "event",
-            "--key-file",
-            "owner.key",
-            "--relay",
-            &r,
-            "--kind",
-            "30620",
-            "--tag",
-            "d,triage",
-            "--tag",
-            "h,ops",
-            "--content-file",
-            "triage.json",
-        ],
+        &env,
+        &["workflow", "publish", "broken.yaml", "--channel", "ops"],
     );
+    assert!(
+        !ok && err.contains("invalid:") && err.contains("teleport"),
+        "{err}"
+    );
+    let out = relayctl(
+        d,
+        &url,
+        &["workflow", "publish", "triage.yaml", "--channel", "ops"],
+    );
+    assert!(out.contains("published workflow triage"), "{out}");
     std::fs::write(
         d.join("bot.toml"),
         format!("relay_url = \"{r}\"\nkey_file = \"bot.key\"\nowner = \"{owner_hex}\"\n[handler]\ntype = \"echo\"\n"),
@@ -190,4 +224,37 @@ async fn walkthrough_from_the_docs() {
     assert!(reply["content"].as_str().unwrap().starts_with("echo: "));
     let listed = relay.cli(&["deliveries", "list"]);
     assert!(listed.contains("\"status\":\"delivered\""), "{listed}");
+
+    // 7. The owner looks at runs and deliveries, pauses and resumes, bans.
+    let runs = relayctl(d, &url, &["runs", "list", "triage"]);
+    assert!(
+        runs.starts_with("RUN") && runs.contains("completed") && runs.contains(" ago)"),
+        "{runs}"
+    );
+    let listed: serde_json::Value =
+        serde_json::from_str(&relayctl(d, &url, &["--json", "deliveries", "list"])).unwrap();
+    let id = listed[0]["id"].as_str().unwrap().to_string();
+    assert_eq!(listed[0]["status"], "delivered");
+    let shown = relayctl(d, &url, &["deliveries", "show", &id]);
+    assert!(
+        shown.contains("ATTEMPT") && shown.contains("delivered"),
+        "{shown}"
+    );
+    assert!(relayctl(d, &url, &["workflow", "pause", "triage"]).contains("paused"));
+    assert!(relayctl(d, &url, &["workflow", "resume", "triage"]).contains("resumed"));
+    let (ok, _, err) = relayctl_env(d, &env, &["workflow", "run", "triage"]);
+    assert!(!ok && err.contains("409 wrong_trigger"), "{err}");
+    let stranger = relayctl(d, &url, &["keygen", "--out", "stranger.key"]);
+    let stranger = stranger.trim();
+    relayctl(d, &url, &["ban", "pubkey", stranger, "--reason", "spam"]);
+    let bans = relayctl(d, &url, &["bans"]);
+    assert!(bans.contains(stranger) && bans.contains("spam"), "{bans}");
+    // Someone else's key may not retry the owner's delivery: a clear refusal.
+    let other = agent(d, &["keygen", "--out", "other.key"]);
+    let env = [("RELAYCTL_KEY_FILE", "other.key"), ("RELAYCTL_URL", url.as_str())];
+    let (ok, _, err) = relayctl_env(d, &env, &["deliveries", "retry", &id]);
+    assert!(
+        !ok && err.contains("403") && err.contains("hint:"),
+        "{other}: {err}"
+    );
 }

@@ -1,0 +1,186 @@
+//! Talking to a running relay as one key: NIP-98 signed HTTP calls, NIP-86
+//! management calls, and publishing an event over WebSocket after NIP-42.
+//! Every failure says what failed and what to try.
+
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use futures_util::{SinkExt, StreamExt};
+use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, Tag};
+use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::Message;
+
+/// How long one call may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A relay (one community's host) and the key that signs.
+pub struct Relay {
+    /// `http(s)://host[:port]`, no trailing slash.
+    http: String,
+    /// `ws(s)://host[:port]`.
+    ws: String,
+    keys: Keys,
+    client: reqwest::Client,
+}
+
+impl Relay {
+    /// `url` as `http(s)://…` or `ws(s)://…` (a path is ignored).
+    pub fn new(url: &str, keys: Keys) -> anyhow::Result<Relay> {
+        let parsed = url::Url::parse(url).with_context(|| format!("--relay {url:?} is not a URL"))?;
+        let secure = match parsed.scheme() {
+            "http" | "ws" => false,
+            "https" | "wss" => true,
+            other => bail!("--relay must be http(s):// or ws(s)://, not {other}://"),
+        };
+        let host = parsed
+            .host_str()
+            .ok_or_else(|| anyhow!("--relay {url:?} has no host"))?;
+        let authority = match parsed.port() {
+            Some(p) => format!("{host}:{p}"),
+            None => host.to_string(),
+        };
+        let (h, w) = if secure { ("https", "wss") } else { ("http", "ws") };
+        let client = reqwest::Client::builder()
+            .timeout(CALL_TIMEOUT)
+            .build()
+            .context("building the HTTP client")?;
+        Ok(Relay {
+            http: format!("{h}://{authority}"),
+            ws: format!("{w}://{authority}"),
+            keys,
+            client,
+        })
+    }
+
+    /// A NIP-98 signed call; the JSON answer of a 2xx, else an error with
+    /// the relay's code and message and a hint.
+    pub async fn call(&self, method: &str, path: &str, body: Option<&Value>) -> anyhow::Result<Value> {
+        let bytes = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
+        let url = format!("{}{path}", self.http);
+        let auth = protocol::nip98::header(&self.keys, method, &url, &bytes);
+        let m = reqwest::Method::from_bytes(method.as_bytes())?;
+        let mut req = self.client.request(m, &url).header("Authorization", auth);
+        if body.is_some() {
+            req = req.header("Content-Type", "application/json").body(bytes);
+        }
+        let resp = req.send().await.map_err(|e| unreachable_relay(&self.http, e))?;
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap_or_default();
+        let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        if (200..300).contains(&status) {
+            return Ok(v);
+        }
+        let code = v["error"].as_str().unwrap_or("error");
+        let message = v["message"].as_str().unwrap_or_default();
+        bail!(
+            "{method} {path}: HTTP {status} {code}: {message}{}",
+            hint(status, code)
+        )
+    }
+
+    /// A management call (NIP-86): the `result`, or the relay's `error`.
+    pub async fn rpc(&self, method: &str, params: Value) -> anyhow::Result<Value> {
+        let body = json!({"method": method, "params": params}).to_string();
+        let url = format!("{}/", self.http);
+        let auth = protocol::nip98::header(&self.keys, "POST", &url, body.as_bytes());
+        let resp = self
+            .client
+            .post(&url)
+            .header("Content-Type", protocol::nip86::CONTENT_TYPE)
+            .header("Authorization", auth)
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| unreachable_relay(&self.http, e))?;
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap_or_default();
+        let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        match v.get("error").and_then(Value::as_str) {
+            None if (200..300).contains(&status) => Ok(v["result"].clone()),
+            error => {
+                let error = error.or(v["message"].as_str()).unwrap_or("no answer");
+                let code = error.split(':').next().unwrap_or_default();
+                bail!("{method}: HTTP {status} {error}{}", hint(status, code))
+            }
+        }
+    }
+
+    /// Publishes `event` over WebSocket, authenticated (NIP-42) as the key;
+    /// returns the relay's `OK` message when accepted.
+    pub async fn publish(&self, event: &Event) -> anyhow::Result<String> {
+        let connect = tokio_tungstenite::connect_async(self.ws.as_str());
+        let (mut ws, _) = tokio::time::timeout(CALL_TIMEOUT, connect)
+            .await
+            .map_err(|_| anyhow!("connecting to {}: no answer within {CALL_TIMEOUT:?}", self.ws))?
+            .with_context(|| format!("connecting to {} (is the relay running there?)", self.ws))?;
+        let challenge = loop {
+            let msg = next_json(&mut ws).await?;
+            if msg[0] == "AUTH" {
+                break msg[1].as_str().unwrap_or_default().to_string();
+            }
+        };
+        let auth = EventBuilder::new(Kind::Authentication, "")
+            .tags([
+                Tag::custom("relay", [self.ws.as_str()]),
+                Tag::custom("challenge", [challenge.as_str()]),
+            ])
+            .finalize(&self.keys)
+            .context("signing AUTH")?;
+        let (ok, msg) = send_and_wait_ok(&mut ws, json!(["AUTH", auth]), &auth.id.to_hex()).await?;
+        if !ok {
+            bail!("the relay refused authentication: {msg}");
+        }
+        let (ok, msg) = send_and_wait_ok(&mut ws, json!(["EVENT", event]), &event.id.to_hex()).await?;
+        let _ = ws.close(None).await;
+        if !ok {
+            bail!("the relay refused the event: {msg}");
+        }
+        Ok(msg)
+    }
+}
+
+type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+async fn next_json(ws: &mut Socket) -> anyhow::Result<Value> {
+    loop {
+        let frame = tokio::time::timeout(CALL_TIMEOUT, ws.next())
+            .await
+            .map_err(|_| anyhow!("the relay said nothing within {CALL_TIMEOUT:?}"))?
+            .ok_or_else(|| anyhow!("the relay closed the connection"))??;
+        if let Message::Text(t) = frame {
+            return serde_json::from_str(t.as_str()).context("the relay sent something that is not JSON");
+        }
+    }
+}
+
+/// Sends `msg` and waits for the `OK` of `id`.
+async fn send_and_wait_ok(ws: &mut Socket, msg: Value, id: &str) -> anyhow::Result<(bool, String)> {
+    ws.send(Message::text(msg.to_string())).await?;
+    loop {
+        let v = next_json(ws).await?;
+        if v[0] == "OK" && v[1] == id {
+            return Ok((
+                v[2].as_bool().unwrap_or(false),
+                v[3].as_str().unwrap_or_default().to_string(),
+            ));
+        }
+    }
+}
+
+fn unreachable_relay(base: &str, e: reqwest::Error) -> anyhow::Error {
+    anyhow!("cannot reach the relay at {base}: {e} (is it running, and is --relay its public address?)")
+}
+
+/// What to try after a refusal.
+fn hint(status: u16, code: &str) -> &'static str {
+    match (status, code) {
+        (401, _) => "\nhint: the signature was refused; check this machine's clock and that --relay names the host the relay serves",
+        (403, "banned") => "\nhint: this key is banned in this community",
+        (403, "not_owner") => "\nhint: sign with the workflow owner's key (--key-file or RELAYCTL_KEY)",
+        (403, _) => "\nhint: this needs a community admin's key (the relay's `admins` setting) or the workflow owner's",
+        (404, _) => "\nhint: check the id; `relayctl runs list` and `relayctl deliveries list` show them",
+        (429, _) => "\nhint: too many calls; wait a moment",
+        (503, _) => "\nhint: the relay cannot reach its database now; try again",
+        _ => "",
+    }
+}

@@ -1,0 +1,641 @@
+//! `relayctl`: the owner's and operator's command line for a running
+//! relay. It signs every call itself (NIP-98 over HTTP, NIP-42 over
+//! WebSocket) with a key read from a file or the environment, never from
+//! an argument that `ps` would show.
+
+mod client;
+mod show;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context};
+use clap::{Parser, Subcommand};
+use nostr::prelude::{EventBuilder, FinalizeEvent, Keys, Kind, Tag, ToBech32};
+use serde_json::{json, Value};
+
+use client::Relay;
+use show::{cell, fields, table, when};
+
+#[derive(Parser)]
+#[command(
+    name = "relayctl",
+    version,
+    about = "Manage workflows, runs, deliveries and bans of a running relay"
+)]
+struct Cli {
+    /// The relay (one community's host): `http(s)://host:port` or `ws(s)://host:port`.
+    #[arg(
+        long,
+        env = "RELAYCTL_URL",
+        global = true,
+        default_value = "http://127.0.0.1:7777"
+    )]
+    relay: String,
+    /// File holding the signing key (hex or nsec). The environment
+    /// variable RELAYCTL_KEY, when set, holds the key itself instead.
+    #[arg(long, env = "RELAYCTL_KEY_FILE", global = true)]
+    key_file: Option<PathBuf>,
+    /// Print the relay's JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Write a new secret key to a file (mode 0600) and print its public key.
+    Keygen {
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Who the relay sees: the key's pubkey, its channels, its owner if an agent.
+    Whoami,
+    /// Workflow definitions and their settings.
+    Workflow {
+        #[command(subcommand)]
+        command: WorkflowCommand,
+    },
+    /// Workflow runs.
+    Runs {
+        #[command(subcommand)]
+        command: RunsCommand,
+    },
+    /// Managed-agent deliveries.
+    Deliveries {
+        #[command(subcommand)]
+        command: DeliveriesCommand,
+    },
+    /// Ban a pubkey or an event (community admins).
+    Ban {
+        #[command(subcommand)]
+        command: BanCommand,
+    },
+    /// Allow a pubkey (lifts its ban; community admins).
+    Allow {
+        pubkey: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// The community's banned pubkeys, allowed pubkeys and banned events.
+    Bans,
+    /// Set the community's NIP-11 name or description (community admins).
+    Info {
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long)]
+        description: Option<String>,
+    },
+    /// The management methods this key may call.
+    Methods,
+}
+
+#[derive(Subcommand)]
+enum WorkflowCommand {
+    /// Check a definition file (JSON or YAML) with the relay's own rules.
+    Check {
+        file: PathBuf,
+        #[arg(long, default_value = "check")]
+        channel: String,
+        /// Workflow id (default: the file name without its extension).
+        #[arg(long)]
+        id: Option<String>,
+    },
+    /// Check, then publish a definition (kind 30620) to a channel.
+    Publish {
+        file: PathBuf,
+        #[arg(long)]
+        channel: String,
+        #[arg(long)]
+        id: Option<String>,
+    },
+    /// Make (or rotate) the webhook secret; it is shown once.
+    WebhookSecret { id: String },
+    /// Set (or rotate) a named secret; the value is read from standard input.
+    Secret { id: String, name: String },
+    /// Start a manual run; `--input` is a JSON object.
+    Run {
+        id: String,
+        #[arg(long, default_value = "{}")]
+        input: String,
+    },
+    /// Pause: no new runs; open work waits.
+    Pause { id: String },
+    /// Resume a paused workflow.
+    Resume { id: String },
+}
+
+#[derive(Subcommand)]
+enum RunsCommand {
+    /// A workflow's runs, newest first.
+    List {
+        workflow: String,
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+    },
+    /// One run with its steps.
+    Show { id: String },
+    /// Cancel a run and its open deliveries.
+    Cancel { id: String },
+}
+
+#[derive(Subcommand)]
+enum DeliveriesCommand {
+    /// Deliveries, newest first (an owner sees its own workflows').
+    List {
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long)]
+        workflow: Option<String>,
+        /// Only those created at least this many seconds ago.
+        #[arg(long)]
+        older_than: Option<u64>,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// One delivery with its attempts.
+    Show { id: String },
+    /// Make a failed, expired or cancelled delivery pending again.
+    Retry { id: String },
+    /// Cancel a pending or claimed delivery.
+    Cancel { id: String },
+}
+
+#[derive(Subcommand)]
+enum BanCommand {
+    Pubkey {
+        pubkey: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    Event {
+        id: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    if let Err(e) = runtime.block_on(run(cli)) {
+        eprintln!("relayctl: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let out = Out { json: cli.json };
+    match cli.command {
+        Command::Keygen { out: path } => return keygen(&path),
+        Command::Workflow {
+            command: WorkflowCommand::Check { file, channel, id },
+        } => {
+            let (id, _) = checked(&Keys::generate(), &file, &channel, id.as_deref())?;
+            println!("{}: workflow {id} is valid", file.display());
+            return Ok(());
+        }
+        _ => {}
+    }
+    let keys = load_keys(cli.key_file.as_deref())?;
+    let relay = Relay::new(&cli.relay, keys.clone())?;
+    match cli.command {
+        Command::Keygen { .. } => unreachable!("handled above"),
+        Command::Whoami => out.fields(
+            &relay.call("GET", "/me", None).await?,
+            &["pubkey", "community", "agent_owner", "channels"],
+        ),
+        Command::Workflow { command } => workflow(&relay, &keys, out, command).await?,
+        Command::Runs { command } => runs(&relay, out, command).await?,
+        Command::Deliveries { command } => deliveries(&relay, out, command).await?,
+        Command::Ban { command } => {
+            let (method, value, reason) = match command {
+                BanCommand::Pubkey { pubkey, reason } => ("banpubkey", hex_pubkey(&pubkey)?, reason),
+                BanCommand::Event { id, reason } => ("banevent", id, reason),
+            };
+            relay.rpc(method, json!([value, reason])).await?;
+            out.done(&format!("{method} {value}: done"));
+        }
+        Command::Allow { pubkey, reason } => {
+            let value = hex_pubkey(&pubkey)?;
+            relay.rpc("allowpubkey", json!([value, reason])).await?;
+            out.done(&format!("allowpubkey {value}: done"));
+        }
+        Command::Bans => bans(&relay, out).await?,
+        Command::Info { name, description } => {
+            if name.is_none() && description.is_none() {
+                bail!("say --name, --description or both");
+            }
+            if let Some(n) = name {
+                relay.rpc("changerelayname", json!([n])).await?;
+            }
+            if let Some(d) = description {
+                relay.rpc("changerelaydescription", json!([d])).await?;
+            }
+            out.done("changed");
+        }
+        Command::Methods => {
+            let methods = relay.rpc("supportedmethods", json!([])).await?;
+            out.list(&methods, |v| println!("{}", cell(v)));
+        }
+    }
+    Ok(())
+}
+
+/// How results are printed.
+#[derive(Clone, Copy)]
+struct Out {
+    json: bool,
+}
+
+impl Out {
+    fn fields(self, v: &Value, names: &[&str]) {
+        if self.json {
+            println!("{v}");
+        } else {
+            fields(v, names, show::now());
+        }
+    }
+
+    fn done(self, text: &str) {
+        if self.json {
+            println!("{}", json!({"ok": true}));
+        } else {
+            println!("{text}");
+        }
+    }
+
+    fn list(self, v: &Value, each: impl Fn(&Value)) {
+        if self.json {
+            println!("{v}");
+        } else {
+            v.as_array().into_iter().flatten().for_each(each);
+        }
+    }
+}
+
+/// The key from RELAYCTL_KEY, else from the key file.
+fn load_keys(file: Option<&Path>) -> anyhow::Result<Keys> {
+    let text = match std::env::var("RELAYCTL_KEY") {
+        Ok(k) if !k.trim().is_empty() => k,
+        _ => {
+            let path = file.ok_or_else(|| {
+                anyhow!(
+                    "no key: give --key-file FILE (or RELAYCTL_KEY_FILE), or set RELAYCTL_KEY; \
+                     `relayctl keygen --out FILE` makes one"
+                )
+            })?;
+            std::fs::read_to_string(path)
+                .with_context(|| format!("reading the key file {}", path.display()))?
+        }
+    };
+    Keys::parse(text.trim()).map_err(|e| anyhow!("the key is neither 64 hex characters nor an nsec: {e}"))
+}
+
+fn keygen(path: &Path) -> anyhow::Result<()> {
+    use std::io::Write;
+    let keys = Keys::generate();
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut f = options
+        .open(path)
+        .with_context(|| format!("creating {} (it must not exist yet)", path.display()))?;
+    writeln!(f, "{}", keys.secret_key().to_secret_hex())?;
+    println!("{}", keys.public_key().to_hex());
+    eprintln!("npub: {}", keys.public_key().to_bech32()?);
+    Ok(())
+}
+
+fn hex_pubkey(s: &str) -> anyhow::Result<String> {
+    nostr::prelude::PublicKey::parse(s)
+        .map(|p| p.to_hex())
+        .map_err(|e| anyhow!("{s:?} is not a pubkey (hex or npub): {e}"))
+}
+
+/// Reads a definition file (JSON, or YAML by its extension or when it is
+/// not JSON) as the JSON content of a definition.
+fn definition_json(file: &Path) -> anyhow::Result<Value> {
+    let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let yaml = matches!(file.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"));
+    if !yaml {
+        if let Ok(v) = serde_json::from_str(&text) {
+            return Ok(v);
+        }
+    }
+    yaml_serde::from_str(&text).with_context(|| format!("{} is neither JSON nor YAML", file.display()))
+}
+
+/// The signed definition event of `file`, checked by the rules the relay
+/// applies at publish; errors read as the relay's own.
+fn checked(
+    keys: &Keys,
+    file: &Path,
+    channel: &str,
+    id: Option<&str>,
+) -> anyhow::Result<(String, nostr::prelude::Event)> {
+    let id = match id {
+        Some(i) => i.to_string(),
+        None => file
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .ok_or_else(|| anyhow!("give --id: the file name is not a workflow id"))?
+            .to_string(),
+    };
+    let content = definition_json(file)?;
+    let event = EventBuilder::new(
+        Kind::from_u16(protocol::workflow::DEFINITION_KIND),
+        content.to_string(),
+    )
+    .tags([Tag::identifier(id.as_str()), Tag::custom("h", [channel])])
+    .finalize(keys)?;
+    protocol::workflow::validate(&event).map_err(|e| anyhow!("{}: invalid: {e}", file.display()))?;
+    Ok((id, event))
+}
+
+async fn workflow(relay: &Relay, keys: &Keys, out: Out, command: WorkflowCommand) -> anyhow::Result<()> {
+    match command {
+        WorkflowCommand::Check { .. } => unreachable!("needs no relay"),
+        WorkflowCommand::Publish { file, channel, id } => {
+            let (id, event) = checked(keys, &file, &channel, id.as_deref())?;
+            relay.publish(&event).await?;
+            out.done(&format!(
+                "published workflow {id} in channel {channel} (event {})",
+                event.id.to_hex()
+            ));
+        }
+        WorkflowCommand::WebhookSecret { id } => {
+            let v = relay
+                .call(
+                    "POST",
+                    &format!("/workflows/{id}/webhook-secret"),
+                    Some(&json!({})),
+                )
+                .await?;
+            if out.json {
+                println!("{v}");
+            } else {
+                println!("{}", cell(&v["secret"]));
+                eprintln!("shown once: callers send it as `Authorization: Bearer <secret>` to /hooks/{id}");
+            }
+        }
+        WorkflowCommand::Secret { id, name } => {
+            let mut value = String::new();
+            std::io::stdin()
+                .read_to_string(&mut value)
+                .context("reading the secret from standard input")?;
+            let value = value.strip_suffix('\n').unwrap_or(&value);
+            if value.is_empty() {
+                bail!("standard input was empty: pipe the secret's value in");
+            }
+            let path = format!("/workflows/{id}/secrets/{name}");
+            relay.call("PUT", &path, Some(&json!({"value": value}))).await?;
+            out.done(&format!("secret {name} of workflow {id} set"));
+        }
+        WorkflowCommand::Run { id, input } => {
+            let input: Value = serde_json::from_str(&input).context("--input must be a JSON object")?;
+            let v = relay
+                .call("POST", &format!("/workflows/{id}/runs"), Some(&input))
+                .await?;
+            out.fields(&v, &["run_id"]);
+        }
+        WorkflowCommand::Pause { id } => {
+            relay.rpc("pauseworkflow", json!([id])).await?;
+            out.done(&format!("workflow {id} paused"));
+        }
+        WorkflowCommand::Resume { id } => {
+            relay.rpc("resumeworkflow", json!([id])).await?;
+            out.done(&format!("workflow {id} resumed"));
+        }
+    }
+    Ok(())
+}
+
+async fn runs(relay: &Relay, out: Out, command: RunsCommand) -> anyhow::Result<()> {
+    let now = show::now();
+    match command {
+        RunsCommand::List { workflow, limit } => {
+            let v = relay
+                .call("GET", &format!("/workflows/{workflow}/runs?limit={limit}"), None)
+                .await?;
+            if out.json {
+                println!("{v}");
+                return Ok(());
+            }
+            let rows: Vec<Vec<String>> = v["runs"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|r| {
+                    vec![
+                        cell(&r["id"]),
+                        cell(&r["status"]),
+                        format!(
+                            "{}/{}",
+                            r["current_step"],
+                            r["steps"].as_array().map_or(0, Vec::len)
+                        ),
+                        cell(&r["cause"]["type"]),
+                        when(r["created_at"].as_i64(), now),
+                        cell(&r["error"]["code"]),
+                    ]
+                })
+                .collect();
+            table(&["RUN", "STATUS", "STEP", "CAUSE", "CREATED", "ERROR"], &rows);
+        }
+        RunsCommand::Show { id } => {
+            let v = relay.call("GET", &format!("/runs/{id}"), None).await?;
+            if out.json {
+                println!("{v}");
+                return Ok(());
+            }
+            fields(
+                &v,
+                &[
+                    "id",
+                    "workflow_id",
+                    "status",
+                    "created_at",
+                    "updated_at",
+                    "wake_at",
+                ],
+                now,
+            );
+            if !v["error"].is_null() {
+                println!(
+                    "error       {}: {}",
+                    cell(&v["error"]["code"]),
+                    cell(&v["error"]["message"])
+                );
+            }
+            let rows: Vec<Vec<String>> = v["steps"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|s| {
+                    vec![
+                        cell(&s["id"]),
+                        cell(&s["action"]),
+                        cell(&s["status"]),
+                        when(s["started_at"].as_i64(), now),
+                        when(s["finished_at"].as_i64(), now),
+                        cell(&s["error"]["code"]),
+                    ]
+                })
+                .collect();
+            println!();
+            table(
+                &["STEP", "ACTION", "STATUS", "STARTED", "FINISHED", "ERROR"],
+                &rows,
+            );
+        }
+        RunsCommand::Cancel { id } => {
+            relay.rpc("cancelrun", json!([id])).await?;
+            out.done(&format!("run {id} cancelled"));
+        }
+    }
+    Ok(())
+}
+
+async fn deliveries(relay: &Relay, out: Out, command: DeliveriesCommand) -> anyhow::Result<()> {
+    let now = show::now();
+    match command {
+        DeliveriesCommand::List {
+            status,
+            workflow,
+            older_than,
+            limit,
+        } => {
+            let q = protocol::nip86::DeliveryQuery {
+                status: status
+                    .map(|s| {
+                        protocol::api::DeliveryStatus::parse(&s).ok_or_else(|| {
+                            anyhow!(
+                                "--status: one of pending, claimed, delivered, failed, expired, cancelled"
+                            )
+                        })
+                    })
+                    .transpose()?,
+                workflow,
+                older_than_secs: older_than,
+                limit: Some(limit),
+            };
+            let v = relay.rpc("listdeliveries", json!([q])).await?;
+            if out.json {
+                println!("{v}");
+                return Ok(());
+            }
+            let rows: Vec<Vec<String>> = v
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|d| {
+                    vec![
+                        cell(&d["id"]),
+                        cell(&d["status"]),
+                        format!("{}/{}", d["attempt"], d["max_attempts"]),
+                        format!("{}/{}", cell(&d["workflow_id"]), cell(&d["step_id"])),
+                        cell(&d["target_pubkey"]).chars().take(12).collect(),
+                        when(d["updated_at"].as_i64(), now),
+                        cell(&d["failure_code"]),
+                    ]
+                })
+                .collect();
+            table(
+                &[
+                    "DELIVERY",
+                    "STATUS",
+                    "ATTEMPT",
+                    "WORKFLOW/STEP",
+                    "AGENT",
+                    "UPDATED",
+                    "FAILURE",
+                ],
+                &rows,
+            );
+        }
+        DeliveriesCommand::Show { id } => {
+            let v = relay.call("GET", &format!("/deliveries/{id}"), None).await?;
+            if out.json {
+                println!("{v}");
+                return Ok(());
+            }
+            let names = [
+                "id",
+                "status",
+                "workflow_id",
+                "run_id",
+                "step_id",
+                "channel",
+                "target_pubkey",
+                "attempt",
+                "max_attempts",
+                "failure_code",
+                "failure_message",
+                "created_at",
+                "updated_at",
+                "expires_at",
+            ];
+            fields(&v, &names, now);
+            let rows: Vec<Vec<String>> = v["attempts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|a| {
+                    vec![
+                        cell(&a["attempt"]),
+                        when(a["claimed_at"].as_i64(), now),
+                        when(a["finished_at"].as_i64(), now),
+                        cell(&a["outcome"]),
+                        cell(&a["failure_code"]),
+                        cell(&a["failure_message"]),
+                    ]
+                })
+                .collect();
+            println!();
+            table(
+                &["ATTEMPT", "CLAIMED", "FINISHED", "OUTCOME", "CODE", "MESSAGE"],
+                &rows,
+            );
+        }
+        DeliveriesCommand::Retry { id } => {
+            relay.rpc("retrydelivery", json!([id])).await?;
+            out.done(&format!("delivery {id} is pending again"));
+        }
+        DeliveriesCommand::Cancel { id } => {
+            relay.rpc("canceldelivery", json!([id])).await?;
+            out.done(&format!("delivery {id} cancelled"));
+        }
+    }
+    Ok(())
+}
+
+async fn bans(relay: &Relay, out: Out) -> anyhow::Result<()> {
+    let banned = relay.rpc("listbannedpubkeys", json!([])).await?;
+    let allowed = relay.rpc("listallowedpubkeys", json!([])).await?;
+    let events = relay.rpc("listbannedevents", json!([])).await?;
+    if out.json {
+        println!(
+            "{}",
+            json!({"banned_pubkeys": banned, "allowed_pubkeys": allowed, "banned_events": events})
+        );
+        return Ok(());
+    }
+    let mut rows = Vec::new();
+    for (list, v, key) in [
+        ("banned", &banned, "pubkey"),
+        ("allowed", &allowed, "pubkey"),
+        ("banned event", &events, "id"),
+    ] {
+        for e in v.as_array().into_iter().flatten() {
+            rows.push(vec![list.to_string(), cell(&e[key]), cell(&e["reason"])]);
+        }
+    }
+    table(&["LIST", "PUBKEY OR EVENT", "REASON"], &rows);
+    Ok(())
+}
