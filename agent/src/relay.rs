@@ -94,6 +94,7 @@ async fn run(
     mut cmds: mpsc::Receiver<Cmd>,
 ) {
     let mut failures = 0u32;
+    let mut last_error;
     loop {
         let mut subscribed = false;
         match session(
@@ -108,13 +109,17 @@ async fn run(
         .await
         {
             Ok(()) => return, // shutdown
-            Err(e) => tracing::warn!(error = %e, "relay connection lost"),
+            Err(e) => last_error = e.to_string(),
         }
         // A session that got as far as subscribing resets the backoff.
         if subscribed {
             failures = 0;
         }
         let delay = backoff.delay(failures);
+        // Said at every try, so that an operator sees an agent that cannot
+        // reach its relay (and why) without turning on debug logs.
+        tracing::warn!(relay = %url, error = %last_error, retry_in_ms = delay.as_millis() as u64,
+            "cannot reach the relay; retrying");
         failures = failures.saturating_add(1);
         tokio::select! {
             _ = shutdown.cancelled() => return,

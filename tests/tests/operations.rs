@@ -420,3 +420,21 @@ async fn agent_metrics_count_turns_and_verification_failures(backend: Backend) {
     }
     panic!("the agent's metrics did not move: {last}\n{}", agent.log());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_says_when_it_cannot_reach_its_relay() {
+    let mut relay = Relay::start(&Backend::Sqlite);
+    let fx = Fixture::new(&relay, "ops", 1).await;
+    let agent = tests::agent::AgentProc::start(&relay, &fx.agents[0], &fx.owner, "type = \"echo\"", "");
+    agent.wait_subscribed().await;
+    relay.kill();
+    for _ in 0..100 {
+        let log = agent.log();
+        if log.contains("cannot reach the relay") {
+            assert!(log.contains(&relay.ws_url()), "the line names the relay: {log}");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the agent said nothing of the lost relay:\n{}", agent.log());
+}
