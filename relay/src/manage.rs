@@ -132,9 +132,13 @@ fn announce(state: &AppState, community: &str, (event, raw): Notice) {
     state.publish(community, Arc::new(event), Arc::from(raw));
 }
 
-/// The methods the caller may call: all for an admin; for the owner of a
-/// workflow here, those open to owners; anyone else is refused.
-async fn supported(state: &AppState, community: &str, actor: Actor<'_>) -> Answered {
+/// Refuses a caller that is neither an admin nor the owner of a workflow
+/// here (the calls on one run, delivery or workflow check its owner).
+async fn admin_or_owner(
+    state: &AppState,
+    community: &str,
+    actor: Actor<'_>,
+) -> Result<(), (StatusCode, String)> {
     let owner = actor.admin
         || state
             .store
@@ -145,6 +149,13 @@ async fn supported(state: &AppState, community: &str, actor: Actor<'_>) -> Answe
         let why = "restricted: only this community's admins and workflow owners manage it";
         return Err((StatusCode::FORBIDDEN, why.into()));
     }
+    Ok(())
+}
+
+/// The methods the caller may call: all for an admin; for the owner of a
+/// workflow here, those open to owners; anyone else is refused.
+async fn supported(state: &AppState, community: &str, actor: Actor<'_>) -> Answered {
+    admin_or_owner(state, community, actor).await?;
     let names: Vec<&str> = Method::ALL
         .iter()
         .filter(|m| actor.admin || m.open_to_owners())
@@ -192,6 +203,7 @@ async fn change(state: &AppState, auth: &Authed, field: InfoField, text: &str) -
 const DEFAULT_LIST_DELIVERIES: u32 = 100;
 
 async fn list_deliveries(state: &AppState, community: &str, actor: Actor<'_>, q: DeliveryQuery) -> Answered {
+    admin_or_owner(state, community, actor).await?;
     let now = i64::try_from(crate::clock::unix_now()).unwrap_or(i64::MAX);
     let filter = crate::store::deliveries::ListFilter {
         status: q.status,

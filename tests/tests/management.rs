@@ -320,9 +320,10 @@ async fn a_failed_delivery_is_retried_and_its_run_continues(backend: Backend) {
     .await);
     assert_eq!(failed.as_array().unwrap().len(), 1, "{failed}");
     assert_eq!(failed[0]["id"], id.as_str());
-    assert_eq!(
-        ok(rpc(&relay, &stranger, "listdeliveries", json!([])).await),
-        json!([])
+    refused(
+        rpc(&relay, &stranger, "listdeliveries", json!([])).await,
+        403,
+        "restricted:",
     );
     let by_admin = ok(rpc(&relay, &admin, "listdeliveries", json!([{"older_than_secs": 0}])).await);
     assert_eq!(by_admin.as_array().unwrap().len(), 1, "{by_admin}");
