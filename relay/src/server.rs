@@ -47,7 +47,6 @@ async fn check_keys(cfg: &Config, store: &dyn store::Store) -> anyhow::Result<()
 /// Runs the relay until SIGTERM/SIGINT.
 pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     let (store, remote) = start_store(&cfg).await?;
-    check_keys(&cfg, store.as_ref()).await?;
     let listeners = bind_all(&cfg.listen).await?;
     let local: Vec<SocketAddr> = listeners.iter().filter_map(|l| l.local_addr().ok()).collect();
 
@@ -258,7 +257,8 @@ async fn forward_remote(state: Arc<AppState>, mut remote: tokio::sync::mpsc::Rec
     }
 }
 
-/// Opens the store, makes sure of the default community and starts
+/// Opens the store, makes sure of the default community, checks every
+/// community's key and starts
 /// listening to other relay processes, waiting up to
 /// `startup_db_wait_secs` for a database that is not reachable yet or drops
 /// the connection meanwhile (a relay may start before its database does).
@@ -274,6 +274,9 @@ async fn start_store(
         let attempt = async {
             let store = store::open(cfg, store::OpenMode::Create).await?;
             ensure_default_community(cfg, store.as_ref()).await?;
+            // Inside the retried start: a database restarting under this
+            // read used to stop the relay (seen in the chaos campaign).
+            check_keys(cfg, store.as_ref()).await?;
             let remote = store.subscribe_remote(cfg.limits.fanout_buffer_events).await?;
             Ok::<_, anyhow::Error>((store, remote))
         };
