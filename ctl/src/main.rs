@@ -524,6 +524,7 @@ async fn deliveries(relay: &Relay, out: Out, command: DeliveriesCommand) -> anyh
                 workflow,
                 older_than_secs: older_than,
                 limit: Some(limit),
+                ..Default::default()
             };
             let v = relay.rpc("listdeliveries", json!([q])).await?;
             if out.json {

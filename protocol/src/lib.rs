@@ -7,6 +7,7 @@
 pub mod api;
 pub mod approval;
 pub mod condition;
+pub mod dashboard;
 pub mod host;
 pub mod kinds;
 pub mod message;

@@ -63,6 +63,12 @@ pub struct DeliveryQuery {
     pub status: Option<DeliveryStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workflow: Option<String>,
+    /// Only this run's rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
+    /// Only this agent's rows (hex pubkey).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
     /// Only rows created at least this many seconds ago.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub older_than_secs: Option<u64>,
@@ -320,6 +326,15 @@ fn query(p: &[Value]) -> Result<DeliveryQuery, String> {
         if !crate::workflow::valid_id(w) {
             return Err("invalid: workflow must match [a-z0-9_-]{1,64}".into());
         }
+    }
+    if q.run.as_deref().is_some_and(|r| !crate::workflow::valid_id(r)) {
+        return Err("invalid: run must match [a-z0-9_-]{1,64}".into());
+    }
+    if q.target
+        .as_deref()
+        .is_some_and(|t| !crate::workflow::is_hex_pubkey(t))
+    {
+        return Err("invalid: target must be a 64-character hex pubkey".into());
     }
     if q.limit.is_some_and(|l| l == 0 || l > MAX_LIST_DELIVERIES) {
         return Err(format!("invalid: limit must be 1 to {MAX_LIST_DELIVERIES}"));

@@ -346,7 +346,7 @@ async fn list_runs(
     let community = &auth.tenant.community.id;
     let r = state
         .store
-        .list_runs(community, Some(&id), Some(&auth.pubkey), q.before, limit)
+        .list_runs(community, Some(&id), unless_admin(&state, &auth), q.before, limit)
         .await;
     answer(r, |page| {
         let next = (page.runs.len() == limit as usize || page.cut)
@@ -359,6 +359,15 @@ async fn list_runs(
     })
 }
 
+/// The caller whose ownership a read checks: none for an admin of the
+/// community (admins see the community's runs and deliveries).
+fn unless_admin<'a>(state: &AppState, auth: &'a Authed) -> Option<&'a nostr::prelude::PublicKey> {
+    let admin = state
+        .cfg
+        .is_admin(&auth.tenant.community.id, &auth.pubkey.to_hex());
+    (!admin).then_some(&auth.pubkey)
+}
+
 /// `GET /deliveries/<id>`: the delivery with its attempts and operations,
 /// for its target and its workflow's owner.
 async fn show_delivery(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth: Authed) -> Response {
@@ -368,7 +377,7 @@ async fn show_delivery(State(state): State<Arc<AppState>>, Path(id): Path<String
     let community = &auth.tenant.community.id;
     let r = state
         .store
-        .show_delivery(community, &id, Some(&auth.pubkey))
+        .show_delivery(community, &id, unless_admin(&state, &auth))
         .await;
     answer(r, |detail| detail)
 }
@@ -379,7 +388,10 @@ async fn show_run(State(state): State<Arc<AppState>>, Path(id): Path<String>, au
         return r;
     }
     let community = &auth.tenant.community.id;
-    let r = state.store.show_run(community, &id, Some(&auth.pubkey)).await;
+    let r = state
+        .store
+        .show_run(community, &id, unless_admin(&state, &auth))
+        .await;
     answer(r, |run| run)
 }
 

@@ -29,5 +29,6 @@ pub mod server;
 pub mod state;
 pub mod store;
 pub mod telemetry;
+pub mod ui;
 pub mod verify;
 pub mod ws;

@@ -205,15 +205,22 @@ const DEFAULT_LIST_DELIVERIES: u32 = 100;
 async fn list_deliveries(state: &AppState, community: &str, actor: Actor<'_>, q: DeliveryQuery) -> Answered {
     admin_or_owner(state, community, actor).await?;
     let now = i64::try_from(crate::clock::unix_now()).unwrap_or(i64::MAX);
+    let target = q
+        .target
+        .as_deref()
+        .map(nostr::prelude::PublicKey::from_hex)
+        .transpose()
+        .map_err(|e| (StatusCode::BAD_REQUEST, format!("invalid: target: {e}")))?;
     let filter = crate::store::deliveries::ListFilter {
         status: q.status,
         workflow: q.workflow,
+        run: q.run,
+        target,
         owner: (!actor.admin).then_some(*actor.pubkey),
         before: q.older_than_secs.map(|s| {
             now.saturating_sub(i64::try_from(s).unwrap_or(i64::MAX))
                 .saturating_add(1)
         }),
-        ..Default::default()
     };
     let limit = q.limit.unwrap_or(DEFAULT_LIST_DELIVERIES);
     let rows = state

@@ -33,6 +33,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .merge(crate::api::routes())
+        .merge(crate::ui::routes())
         .layer(axum::middleware::from_fn(access_log))
         .layer(cors)
         .with_state(state)

@@ -2,6 +2,7 @@
 //! sockets. Every integration test in `tests/tests/` is built on this.
 
 pub mod agent;
+pub mod browser;
 pub mod client;
 pub mod hooks;
 pub mod pg;

@@ -13,12 +13,12 @@ use serde_json::Value;
 use super::calls::{Claim, Finish, Operation, Renew};
 use super::deliveries::{self, Answer, ClaimRequest, Delivery, FinishRequest, Finished, Refusal};
 pub use super::group::HttpAuthUse;
-use super::manage;
 use super::outcalls::{self, CallAnswer};
 use super::runs::{self, StepOutcome};
 use super::sqlstore::SqlStore;
 use super::workflows;
 use super::StoreError;
+use super::{manage, overview};
 use crate::config::DeliveryConfig;
 use protocol::nip86::List;
 
@@ -459,6 +459,39 @@ pub trait ManageStore: Send + Sync {
 
     /// Whether `owner` owns a workflow here.
     async fn owns_workflow(&self, community: &str, owner: &PublicKey) -> Result<bool, StoreError>;
+
+    /// The dashboard's reads (`overview.rs`); `owner` narrows each to one
+    /// owner's workflows, agents and channels.
+    async fn dashboard_counts(
+        &self,
+        community: &str,
+        owner: Option<&PublicKey>,
+        now: i64,
+    ) -> Result<overview::Counts, StoreError>;
+
+    async fn dashboard_workflows(
+        &self,
+        community: &str,
+        owner: Option<&PublicKey>,
+    ) -> Result<Vec<protocol::dashboard::WorkflowSummary>, StoreError>;
+
+    async fn dashboard_workflow(
+        &self,
+        community: &str,
+        id: &str,
+    ) -> Result<Option<protocol::dashboard::WorkflowDetail>, StoreError>;
+
+    async fn dashboard_agents(
+        &self,
+        community: &str,
+        owner: Option<&PublicKey>,
+    ) -> Result<Vec<protocol::dashboard::AgentView>, StoreError>;
+
+    async fn dashboard_channels(
+        &self,
+        community: &str,
+        member: Option<&PublicKey>,
+    ) -> Result<Vec<protocol::dashboard::ChannelSummary>, StoreError>;
 }
 
 impl SqlStore {
@@ -563,5 +596,51 @@ impl ManageStore for SqlStore {
     async fn owns_workflow(&self, community: &str, owner: &PublicKey) -> Result<bool, StoreError> {
         let mut tx = self.pool.read().await?;
         workflows::owns_any(&mut tx, community, owner).await
+    }
+
+    async fn dashboard_counts(
+        &self,
+        community: &str,
+        owner: Option<&PublicKey>,
+        now: i64,
+    ) -> Result<overview::Counts, StoreError> {
+        let mut tx = self.pool.read().await?;
+        overview::counts(&mut tx, community, owner.map(|o| o.to_bytes()).as_ref(), now).await
+    }
+
+    async fn dashboard_workflows(
+        &self,
+        community: &str,
+        owner: Option<&PublicKey>,
+    ) -> Result<Vec<protocol::dashboard::WorkflowSummary>, StoreError> {
+        let mut tx = self.pool.read().await?;
+        overview::workflows(&mut tx, community, owner.map(|o| o.to_bytes()).as_ref()).await
+    }
+
+    async fn dashboard_workflow(
+        &self,
+        community: &str,
+        id: &str,
+    ) -> Result<Option<protocol::dashboard::WorkflowDetail>, StoreError> {
+        let mut tx = self.pool.read().await?;
+        overview::workflow(&mut tx, community, id).await
+    }
+
+    async fn dashboard_agents(
+        &self,
+        community: &str,
+        owner: Option<&PublicKey>,
+    ) -> Result<Vec<protocol::dashboard::AgentView>, StoreError> {
+        let mut tx = self.pool.read().await?;
+        overview::agents(&mut tx, community, owner.map(|o| o.to_bytes()).as_ref()).await
+    }
+
+    async fn dashboard_channels(
+        &self,
+        community: &str,
+        member: Option<&PublicKey>,
+    ) -> Result<Vec<protocol::dashboard::ChannelSummary>, StoreError> {
+        let mut tx = self.pool.read().await?;
+        overview::channels(&mut tx, community, member.map(|o| o.to_bytes()).as_ref()).await
     }
 }

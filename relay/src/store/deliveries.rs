@@ -958,6 +958,7 @@ pub struct ListFilter {
     pub target: Option<PublicKey>,
     pub status: Option<Status>,
     pub workflow: Option<String>,
+    pub run: Option<String>,
     /// Only the workflows this pubkey owns.
     pub owner: Option<PublicKey>,
     /// Only rows created before this unix second.
@@ -984,6 +985,9 @@ pub async fn list(
     }
     if let Some(w) = &f.workflow {
         q = q.and(d, "workflow_id =", w.as_str());
+    }
+    if let Some(r) = &f.run {
+        q = q.and(d, "run_id =", r.as_str());
     }
     if let Some(o) = &f.owner {
         q = q

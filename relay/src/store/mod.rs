@@ -25,6 +25,7 @@ pub mod machine;
 pub mod manage;
 pub mod notices;
 pub mod outcalls;
+pub mod overview;
 pub mod postgres;
 pub mod refusal;
 pub mod runs;

@@ -1,0 +1,415 @@
+// The relay's dashboard. No framework and no build step: this file is
+// served as is from the relay binary. Every call to the relay is signed
+// with the user's key through NIP-07 (window.nostr): HTTP calls carry a
+// NIP-98 header, the live WebSocket authenticates with NIP-42. Data is
+// put into the page with textContent only, never as HTML.
+"use strict";
+(() => {
+  const S = { pubkey: null, role: null, relayPubkey: null, socket: null, liveReady: false,
+              subs: new Map(), seq: 0, refreshTimer: null, rendering: false, backoffMs: 1000 };
+  const REFRESH_MS = 5000;        // lists also refresh on their own (claims post no event)
+  const MAX_QUERY_EVENTS = 200;   // a query over the live socket keeps at most this many
+  const $ = (id) => document.getElementById(id);
+
+  // ---- DOM helpers -------------------------------------------------------
+  function el(tag, attrs, ...children) {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === undefined || v === null || v === false) continue;
+      if (k === "onclick") e.addEventListener("click", v);
+      else if (k === "text") e.textContent = String(v);
+      else e.setAttribute(k, v === true ? "" : String(v));
+    }
+    for (const c of children.flat()) {
+      if (c === null || c === undefined) continue;
+      e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    }
+    return e;
+  }
+  const short = (hex) => (hex && hex.length > 16 ? hex.slice(0, 8) + "…" + hex.slice(-4) : hex || "-");
+  function when(t) {
+    if (t === null || t === undefined) return el("span", { class: "muted" }, "-");
+    const d = Math.floor(Date.now() / 1000) - t;
+    const a = Math.abs(d);
+    const span = a < 60 ? a + "s" : a < 3600 ? Math.floor(a / 60) + "m" : a < 86400 ? Math.floor(a / 3600) + "h" : Math.floor(a / 86400) + "d";
+    return el("span", { title: new Date(t * 1000).toISOString() }, d >= 0 ? span + " ago" : "in " + span);
+  }
+  const badge = (s) => el("span", { class: "badge s-" + s, "data-status": s }, s);
+  const link = (href, text) => el("a", { href }, text);
+  function table(headers, rows, attrs) {
+    return el("div", { class: "scroll" }, el("table", attrs || {},
+      el("thead", {}, el("tr", {}, headers.map((h) => el("th", {}, h)))),
+      el("tbody", {}, rows.length ? rows.map((r) => el("tr", r.attrs || {}, r.cells.map((c) => el("td", {}, c))))
+                                 : el("tr", {}, el("td", { colspan: headers.length, class: "muted" }, "none")))));
+  }
+  function fields(pairs) {
+    return el("dl", {}, pairs.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v ?? "-")]));
+  }
+  const pre = (v) => el("pre", {}, JSON.stringify(v, null, 2));
+
+  // ---- signing and calls -------------------------------------------------
+  class ApiError extends Error {
+    constructor(status, code, message) { super(code + ": " + (message || "")); this.status = status; this.code = code; }
+  }
+  function b64(text) {
+    const bytes = new TextEncoder().encode(text);
+    let bin = "";
+    for (const b of bytes) bin += String.fromCharCode(b);
+    return btoa(bin);
+  }
+  async function sha256hex(text) {
+    const bytes = new TextEncoder().encode(text);
+    if (!(window.crypto && crypto.subtle)) throw new Error("this page needs a secure context (https or localhost) to sign request bodies");
+    const digest = await crypto.subtle.digest("SHA-256", bytes);
+    return Array.from(new Uint8Array(digest), (b) => b.toString(16).padStart(2, "0")).join("");
+  }
+  async function sign(kind, tags, content) {
+    return window.nostr.signEvent({ kind, tags, content: content || "", created_at: Math.floor(Date.now() / 1000) });
+  }
+  async function authHeader(method, path, body) {
+    const tags = [["u", location.origin + path], ["method", method]];
+    if (body) tags.push(["payload", await sha256hex(body)]);
+    return "Nostr " + b64(JSON.stringify(await sign(27235, tags)));
+  }
+  async function call(method, path) {
+    const r = await fetch(path, { method, headers: { Authorization: await authHeader(method, path, "") } });
+    const j = await r.json().catch(() => ({}));
+    if (!r.ok) throw new ApiError(r.status, j.error || "error", j.message);
+    return j;
+  }
+  // A management call (NIP-86).
+  async function rpc(method, params) {
+    const body = JSON.stringify({ method, params });
+    const headers = { Authorization: await authHeader("POST", "/", body), "Content-Type": "application/nostr+json+rpc" };
+    const r = await fetch("/", { method: "POST", headers, body });
+    const j = await r.json().catch(() => ({}));
+    if (!r.ok || j.error) throw new ApiError(r.status, (j.error || "error").split(":")[0], j.error);
+    return j.result;
+  }
+
+  // ---- the live socket (NIP-42), and queries over it --------------------
+  function connectLive() {
+    const url = location.origin.replace(/^http/, "ws");
+    const ws = new WebSocket(url);
+    S.socket = ws;
+    S.liveReady = false;
+    let authId = null;
+    ws.onopen = () => { S.backoffMs = 1000; };
+    ws.onmessage = async (m) => {
+      let msg;
+      try { msg = JSON.parse(m.data); } catch { return; }
+      if (msg[0] === "AUTH" && typeof msg[1] === "string") {
+        const ev = await sign(22242, [["relay", url], ["challenge", msg[1]]]);
+        authId = ev.id;
+        ws.send(JSON.stringify(["AUTH", ev]));
+      } else if (msg[0] === "OK" && msg[1] === authId) {
+        S.liveReady = true;
+        $("live").textContent = "live";
+        ws.send(JSON.stringify(["REQ", "live", { kinds: [9, 1985], since: Math.floor(Date.now() / 1000) }]));
+      } else if (msg[0] === "EVENT" && msg[1] === "live") {
+        scheduleRefresh(400);
+      } else if ((msg[0] === "EVENT" || msg[0] === "EOSE" || msg[0] === "CLOSED") && S.subs.has(msg[1])) {
+        const q = S.subs.get(msg[1]);
+        if (msg[0] === "EVENT" && q.events.length < MAX_QUERY_EVENTS) q.events.push(msg[2]);
+        if (msg[0] !== "EVENT") { S.subs.delete(msg[1]); ws.send(JSON.stringify(["CLOSE", msg[1]])); q.done(q.events); }
+      }
+    };
+    ws.onclose = () => {
+      S.liveReady = false;
+      $("live").textContent = "reconnecting…";
+      for (const q of S.subs.values()) q.done(q.events);
+      S.subs.clear();
+      setTimeout(connectLive, S.backoffMs);
+      S.backoffMs = Math.min(S.backoffMs * 2, 30000);
+    };
+  }
+  // Stored events matching `filter` (empty while the socket is not ready).
+  function query(filter) {
+    if (!S.liveReady) return Promise.resolve([]);
+    return new Promise((done) => {
+      const id = "q" + (++S.seq);
+      S.subs.set(id, { events: [], done });
+      S.socket.send(JSON.stringify(["REQ", id, filter]));
+      setTimeout(() => { if (S.subs.has(id)) { S.subs.delete(id); done([]); } }, 10000);
+    });
+  }
+
+  // ---- actions -----------------------------------------------------------
+  function confirmAction(text) {
+    return new Promise((resolve) => {
+      $("confirm-text").textContent = text;
+      $("confirm").hidden = false;
+      const end = (yes) => { $("confirm").hidden = true; $("confirm-yes").onclick = null; $("confirm-no").onclick = null; resolve(yes); };
+      $("confirm-yes").onclick = () => end(true);
+      $("confirm-no").onclick = () => end(false);
+    });
+  }
+  function action(label, id, text, run, cls) {
+    return el("button", { type: "button", id, class: cls || "secondary", onclick: async () => {
+      if (!(await confirmAction(text))) return;
+      try { await run(); flash("Done: " + label.toLowerCase()); } catch (e) { flash(e.message, true); }
+      render();
+    } }, label);
+  }
+  // The last action's outcome, kept across redraws of the same view.
+  function flash(text, bad) {
+    S.flash = { text, cls: bad ? "error" : "muted" };
+    const f = $("flash");
+    if (f) { f.textContent = text; f.className = S.flash.cls; }
+  }
+  const retryButton = (d) => action("Retry", "retry-" + d.id, `Retry delivery ${d.id}? It becomes pending with a fresh budget.`,
+    () => rpc("retrydelivery", [d.id]));
+  const cancelButton = (d) => action("Cancel", "cancel-" + d.id, `Cancel delivery ${d.id}?`, () => rpc("canceldelivery", [d.id]), "danger");
+  function deliveryActions(d) {
+    if (["failed", "expired", "cancelled"].includes(d.status)) return retryButton(d);
+    if (["pending", "claimed"].includes(d.status)) return cancelButton(d);
+    return "";
+  }
+
+  // ---- views ---------------------------------------------------------------
+  function heading(text, ...rest) {
+    const f = S.flash || { text: "", cls: "muted" };
+    return [el("h1", {}, text), el("p", { id: "flash", class: f.cls, role: "status" }, f.text), ...rest];
+  }
+
+  async function overview() {
+    const o = await call("GET", "/overview");
+    const cards = (pairs, prefix) => el("div", { class: "cards" }, pairs.map(([k, n]) =>
+      el("div", { class: "card", id: prefix + k }, el("div", { class: "n" }, n), el("div", { class: "k" }, k))));
+    const oldest = o.oldest_pending_secs === null ? "-" : Math.round(o.oldest_pending_secs) + " s";
+    const notices = (await query({ kinds: [9, 1985], authors: [S.relayPubkey], limit: 50 }))
+      .filter((e) => e.kind === 1985 || e.tags.some((t) => t[0] === "nip86")).slice(0, 10);
+    return heading(o.role === "admin" ? "Community overview" : "Your workflows",
+      el("h2", {}, "Deliveries"), cards(o.deliveries, "d-"),
+      el("div", { class: "cards", style: null }, el("div", { class: "card", id: "oldest" }, el("div", { class: "n" }, oldest), el("div", { class: "k" }, "oldest pending"))),
+      el("h2", {}, "Runs"), cards(o.runs, "r-"),
+      el("h2", {}, "Last hour"), chart(o.last_hour),
+      el("div", { class: "axis" }, el("span", {}, "60 min ago"),
+         el("span", {}, "green: delivered, red: failed attempts per minute"), el("span", {}, "now")),
+      el("h2", {}, "Recent actions"),
+      notices.length ? el("ul", { id: "notices" }, notices.map((n) => el("li", {}, n.content, " ", when(n.created_at))))
+                     : el("p", { class: "muted" }, "none"));
+  }
+  function chart(minutes) {
+    const ns = "http://www.w3.org/2000/svg";
+    const svg = document.createElementNS(ns, "svg");
+    svg.setAttribute("class", "chart");
+    svg.setAttribute("viewBox", "0 0 600 140");
+    svg.setAttribute("preserveAspectRatio", "none");
+    const max = Math.max(1, ...minutes.map((m) => m.delivered + m.failed));
+    minutes.forEach((m, i) => {
+      const hd = (m.delivered / max) * 130, hf = (m.failed / max) * 130;
+      for (const [h, y, cls] of [[hd, 135 - hd, "d"], [hf, 135 - hd - hf, "f"]]) {
+        if (h <= 0) continue;
+        const r = document.createElementNS(ns, "rect");
+        r.setAttribute("x", i * 10 + 1); r.setAttribute("width", 8); r.setAttribute("y", y); r.setAttribute("height", h);
+        r.setAttribute("class", cls);
+        svg.append(r);
+      }
+    });
+    svg.setAttribute("aria-label", `delivered ${minutes.reduce((a, m) => a + m.delivered, 0)}, failed ${minutes.reduce((a, m) => a + m.failed, 0)} in the last hour`);
+    return svg;
+  }
+
+  async function workflows() {
+    const list = await call("GET", "/workflows");
+    return heading("Workflows", table(["Workflow", "Name", "Channel", "Trigger", "State", "Runs", "Last run"],
+      list.map((w) => ({ attrs: { "data-workflow": w.id }, cells: [link("#/workflow/" + encodeURIComponent(w.id), w.id), w.name, w.channel, w.trigger,
+        badge(!w.enabled ? "disabled" : w.paused ? "paused" : "enabled"), w.runs,
+        w.last_run_status ? el("span", {}, badge(w.last_run_status), " ", when(w.last_run_at)) : "-"] }))));
+  }
+
+  async function workflow(id) {
+    const w = await call("GET", "/workflows/" + encodeURIComponent(id));
+    const runs = await call("GET", `/workflows/${encodeURIComponent(id)}/runs?limit=20`);
+    const toggle = w.paused
+      ? action("Resume", "resume", `Resume workflow ${id}? Its runs go on and its trigger fires again.`, () => rpc("resumeworkflow", [id]))
+      : action("Pause", "pause", `Pause workflow ${id}? It starts no run; open work waits.`, () => rpc("pauseworkflow", [id]));
+    return heading("Workflow " + id,
+      fields([["Name", w.name], ["Channel", w.channel], ["Owner", el("span", { class: "mono" }, w.owner)], ["Trigger", w.trigger],
+              ["State", badge(!w.enabled ? "disabled" : w.paused ? "paused" : "enabled")], ["Updated", when(w.updated_at)]]),
+      el("div", { class: "row" }, w.enabled ? toggle : ""),
+      el("h2", {}, "Runs"),
+      table(["Run", "Status", "Step", "Cause", "Created", "Error"], runs.runs.map((r) => ({ cells: [
+        link("#/run/" + r.id, r.id), badge(r.status), `${r.current_step}/${r.steps.length}`, r.cause.type, when(r.created_at),
+        r.error ? r.error.code : "-"] }))),
+      el("h2", {}, "Definition"), pre(w.definition));
+  }
+
+  async function run(id) {
+    const r = await call("GET", "/runs/" + encodeURIComponent(id));
+    const rows = await rpc("listdeliveries", [{ run: id }]);
+    const ids = [...new Set(rows.flatMap((d) => [d.message_event_id, d.reply_event_id]).filter(Boolean))];
+    const events = ids.length ? await query({ ids }) : [];
+    const cancel = ["running", "waiting"].includes(r.status)
+      ? action("Cancel run", "cancel-run", `Cancel run ${id} and its open deliveries?`, () => rpc("cancelrun", [id]), "danger") : "";
+    return heading("Run " + id,
+      fields([["Workflow", link("#/workflow/" + encodeURIComponent(r.workflow_id), r.workflow_id)], ["Status", el("span", { id: "run-status" }, badge(r.status))],
+              ["Cause", r.cause.type], ["Created", when(r.created_at)], ["Updated", when(r.updated_at)],
+              ["Error", r.error ? `${r.error.code}: ${r.error.message}` : "-"]]),
+      el("div", { class: "row" }, cancel),
+      el("h2", {}, "Steps"),
+      el("ol", { class: "timeline", id: "steps" }, r.steps.map((s) => el("li", { "data-step": s.id },
+        el("strong", {}, s.id), " ", el("span", { class: "muted" }, s.action), " ", badge(s.status),
+        el("div", { class: "muted" }, "started ", when(s.started_at), " · finished ", when(s.finished_at)),
+        s.error ? el("div", { class: "error" }, `${s.error.code}: ${s.error.message}`) : "",
+        s.output ? pre(s.output) : ""))),
+      el("h2", {}, "Deliveries"), deliveriesTable(rows),
+      el("h2", {}, "Message and replies"),
+      events.length ? el("ul", { id: "messages" }, events.sort((a, b) => a.created_at - b.created_at).map((e) =>
+        el("li", {}, el("span", { class: "mono" }, short(e.pubkey)), ": ", e.content))) : el("p", { class: "muted" }, "none"));
+  }
+
+  function deliveriesTable(rows) {
+    return table(["Delivery", "Status", "Attempt", "Workflow / step", "Agent", "Updated", "Failure", ""],
+      rows.map((d) => ({ attrs: { "data-delivery": d.id }, cells: [link("#/delivery/" + d.id, short(d.id)), badge(d.status),
+        `${d.attempt}/${d.max_attempts}`, `${d.workflow_id} / ${d.step_id}`, el("span", { class: "mono" }, short(d.target_pubkey)),
+        when(d.updated_at), d.failure_code || "-", deliveryActions(d)] })));
+  }
+
+  async function deliveries(params) {
+    const q = {};
+    for (const k of ["status", "workflow", "target"]) if (params.get(k)) q[k] = params.get(k);
+    if (params.get("older")) q.older_than_secs = Number(params.get("older")) * 60;
+    const rows = await rpc("listdeliveries", [q]);
+    const input = (name, label, value) => el("label", {}, label, el("input", { name, id: "f-" + name, value: value || "" }));
+    const status = el("select", { id: "f-status" }, ["", "pending", "claimed", "delivered", "failed", "expired", "cancelled"]
+      .map((s) => el("option", { value: s, selected: s === (params.get("status") || "") }, s || "any")));
+    const apply = el("button", { type: "button", id: "f-apply", onclick: () => {
+      const p = new URLSearchParams();
+      if (status.value) p.set("status", status.value);
+      for (const k of ["workflow", "target", "older"]) { const v = $("f-" + k).value.trim(); if (v) p.set(k, v); }
+      location.hash = "#/deliveries?" + p.toString();
+    } }, "Filter");
+    return heading("Deliveries",
+      el("div", { class: "row" }, el("label", {}, "Status", status), input("workflow", "Workflow", params.get("workflow")),
+         input("target", "Agent (hex)", params.get("target")), input("older", "Older than (min)", params.get("older")), apply),
+      deliveriesTable(rows));
+  }
+
+  async function delivery(id) {
+    const d = await call("GET", "/deliveries/" + encodeURIComponent(id));
+    return heading("Delivery " + short(id),
+      fields([["Id", el("span", { class: "mono" }, d.id)], ["Status", el("span", { id: "delivery-status" }, badge(d.status))],
+              ["Workflow", link("#/workflow/" + encodeURIComponent(d.workflow_id), d.workflow_id)], ["Run", link("#/run/" + d.run_id, d.run_id)],
+              ["Step", d.step_id], ["Channel", d.channel], ["Agent", el("span", { class: "mono" }, d.target_pubkey)],
+              ["Attempt", `${d.attempt} of ${d.max_attempts}`], ["Lease until", d.status === "claimed" ? when(d.claim_expires_at) : "-"], ["Expires", when(d.expires_at)],
+              ["Failure", d.failure_code ? `${d.failure_code}: ${d.failure_message || ""}` : "-"], ["Created", when(d.created_at)], ["Updated", when(d.updated_at)]]),
+      el("div", { class: "row" }, deliveryActions(d)),
+      el("h2", {}, "Attempts"),
+      table(["Attempt", "Claimed", "Finished", "Outcome", "Code", "Message"], d.attempts.map((a) => ({ cells: [
+        a.attempt, when(a.claimed_at), when(a.finished_at), a.outcome ? badge(a.outcome) : "-", a.failure_code || "-", a.failure_message || "-"] })),
+        { id: "attempts" }),
+      el("h2", {}, "Recorded operations"),
+      table(["Attempt", "Name", "Effect"], d.operations.map((o) => ({ cells: [o.attempt, o.name, o.effect] }))));
+  }
+
+  async function agents() {
+    const list = await call("GET", "/agents");
+    return heading("Agents", table(["Agent", "Owner", "Registered", "Last claim", "In flight"],
+      list.map((a) => ({ cells: [el("span", { class: "mono", title: a.pubkey }, short(a.pubkey)), el("span", { class: "mono", title: a.owner }, short(a.owner)),
+        when(a.registered_at), when(a.last_claimed_at), a.in_flight] }))));
+  }
+
+  async function channels() {
+    const list = await call("GET", "/channels");
+    return heading("Channels", table(["Channel", "Name", "Access", "Members", "Workflows"],
+      list.map((c) => ({ cells: [c.id, c.name, (c.private ? "private" : "public") + ", " + (c.closed ? "closed" : "open"), c.members, c.workflows] }))));
+  }
+
+  async function bans() {
+    const [banned, events] = [await rpc("listbannedpubkeys", []), await rpc("listbannedevents", [])];
+    const pk = el("input", { id: "ban-pubkey", placeholder: "hex pubkey", size: 40 });
+    const reason = el("input", { id: "ban-reason", placeholder: "reason" });
+    const ban = action("Ban", "ban", "Ban this pubkey? Its events, sign-ins and calls are refused from now on.",
+      () => rpc("banpubkey", [pk.value.trim(), reason.value.trim()]), "danger");
+    return heading("Bans",
+      el("div", { class: "row" }, el("label", {}, "Pubkey", pk), el("label", {}, "Reason", reason), ban),
+      el("h2", {}, "Banned pubkeys"), table(["Pubkey", "Reason"], banned.map((b) => ({ cells: [el("span", { class: "mono" }, b.pubkey), b.reason] })), { id: "banned" }),
+      el("h2", {}, "Banned events"), table(["Event", "Reason"], events.map((b) => ({ cells: [el("span", { class: "mono" }, b.id), b.reason] }))));
+  }
+
+  // ---- routing -----------------------------------------------------------
+  function route() {
+    const [path, search] = (location.hash.slice(1) || "/").split("?");
+    const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+    const params = new URLSearchParams(search || "");
+    switch (parts[0]) {
+      case undefined: return { nav: "#/", view: overview };
+      case "workflows": return { nav: "#/workflows", view: workflows };
+      case "workflow": return { nav: "#/workflows", view: () => workflow(parts[1]) };
+      case "run": return { nav: "#/workflows", view: () => run(parts[1]) };
+      case "deliveries": return { nav: "#/deliveries", view: () => deliveries(params) };
+      case "delivery": return { nav: "#/deliveries", view: () => delivery(parts[1]) };
+      case "agents": return { nav: "#/agents", view: agents };
+      case "channels": return { nav: "#/channels", view: channels };
+      case "bans": return { nav: "#/bans", view: bans };
+      default: return { nav: "", view: async () => heading("Not found") };
+    }
+  }
+  async function render(quiet) {
+    if (!S.role) return;
+    if (S.rendering) { S.again = true; return; }
+    S.rendering = true;
+    S.again = false;
+    const { nav, view } = route();
+    for (const a of document.querySelectorAll("#nav a")) a.classList.toggle("current", a.getAttribute("href") === nav);
+    try {
+      const nodes = await view();
+      $("main").replaceChildren(...nodes);
+      $("main").setAttribute("data-rendered", String(Date.now()));
+    } catch (e) {
+      $("main").replaceChildren(el("h1", {}, "Something went wrong"), el("p", { class: "error", id: "error" }, e.message));
+    } finally {
+      S.rendering = false;
+    }
+    // A navigation or an action that came while drawing: draw again.
+    if (S.again) render(quiet);
+  }
+  function scheduleRefresh(ms) {
+    clearTimeout(S.refreshTimer);
+    S.refreshTimer = setTimeout(() => {
+      // Not while the user types in a field or answers a confirmation.
+      const typing = document.activeElement && ["INPUT", "SELECT"].includes(document.activeElement.tagName);
+      if (!typing && $("confirm").hidden) render(true);
+      scheduleRefresh(REFRESH_MS);
+    }, ms);
+  }
+
+  // ---- sign-in -------------------------------------------------------------
+  async function signIn() {
+    const err = $("signin-error");
+    err.textContent = "";
+    if (!window.nostr) { err.textContent = "No Nostr signer (NIP-07) was found in this browser: install one, then reload."; return; }
+    try {
+      S.pubkey = await window.nostr.getPublicKey();
+      const o = await call("GET", "/overview");
+      S.role = o.role;
+    } catch (e) {
+      S.role = null;
+      err.textContent = e.status === 403
+        ? `The key ${short(S.pubkey)} does not manage this community: only its admins and workflow owners see this dashboard.`
+        : "Signing in failed: " + e.message;
+      return;
+    }
+    $("nav").hidden = false;
+    $("nav-bans").hidden = S.role !== "admin";
+    $("who").textContent = `${short(S.pubkey)} · ${S.role}`;
+    $("who").setAttribute("data-role", S.role);
+    connectLive();
+    await render();
+    scheduleRefresh(REFRESH_MS);
+  }
+
+  async function start() {
+    try {
+      const info = await (await fetch("/", { headers: { Accept: "application/nostr+json" } })).json();
+      S.relayPubkey = info.pubkey;
+      $("relay-name").textContent = info.name || "Relay";
+      document.title = (info.name || "Relay") + " · dashboard";
+    } catch { /* the sign-in still works */ }
+    $("signin-button").addEventListener("click", signIn);
+    window.addEventListener("hashchange", () => { S.flash = null; render(); });
+  }
+  start();
+})();

@@ -1,0 +1,169 @@
+//! The dashboard (`/ui`) in headless Chromium, signed in through an
+//! injected NIP-07 signer: an owner sees a run's timeline after a real
+//! agent answered and retries a failed delivery until it is delivered; an
+//! admin sees the community and bans a pubkey; a stranger sees nothing
+//! but the sign-in. Each page is photographed (docs/screenshots with
+//! UPDATE_SCREENSHOTS=1).
+
+use std::time::Duration;
+
+use nostr::prelude::Keys;
+use serde_json::{json, Value};
+use tests::agent::AgentProc;
+use tests::browser::Browser;
+use tests::workflow::{api, claim_when_due, finish, rpc, run_until, start_run, Fixture};
+use tests::{event, Backend, Relay, RelayOptions};
+
+const FAST: &str = "[deliveries]\nretry_base_secs = 1\nretry_cap_secs = 2\nsweep_interval_ms = 200\n\
+[workflows]\nrun_poll_interval_ms = 200\nschedule_poll_interval_ms = 200\n";
+
+fn ask(fx: &Fixture, agent: usize, text: &str) -> Value {
+    json!({"name": text, "trigger": {"on": "manual"}, "steps": [
+        {"id": "ask", "action": "ask_agent", "text": format!("{} {text}", fx.mention(agent))},
+        {"id": "say", "action": "send_message", "text": "agent said: {{steps.ask.output.reply}}"}]})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_for_an_owner_an_admin_and_a_stranger() {
+    if !tests::browser::available() {
+        eprintln!("skipped: no chromium/chromedriver here (CI installs them)");
+        return;
+    }
+    let admin = Keys::generate();
+    let relay = Relay::start_opts(
+        &Backend::Sqlite,
+        RelayOptions {
+            config_toml: format!(
+                "name = \"Ops relay\"\n{FAST}[communities.default]\nadmins = [\"{}\"]\n",
+                admin.public_key().to_hex()
+            ),
+            ..Default::default()
+        },
+    );
+    let mut fx = Fixture::new(&relay, "ops", 2).await;
+    // Agent 0 is a real agent process; agent 1 is played by the test.
+    let real = AgentProc::start(&relay, &fx.agents[0], &fx.owner, "type = \"echo\"", "");
+    real.wait_subscribed().await;
+    fx.define("triage", &ask(&fx, 0, "is the build green?")).await;
+    fx.define("flaky", &ask(&fx, 1, "restart the runner")).await;
+    let answered = start_run(&relay, &fx.owner, "triage", json!({})).await;
+    let run = run_until(&relay, &fx.owner, &answered, 20, tests::workflow::ended).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let flaky_run = start_run(&relay, &fx.owner, "flaky", json!({})).await;
+    let d = claim_when_due(&relay, &fx.agents[1], json!({})).await;
+    let failed_id = d["id"].as_str().unwrap().to_string();
+    let body = json!({"claim_token": d["claim_token"], "outcome": "failed", "failure_code": "runner_offline",
+                      "failure_message": "the CI runner did not answer"});
+    assert_eq!(finish(&relay, &fx.agents[1], &failed_id, &body).await.0, 200);
+    run_until(&relay, &fx.owner, &flaky_run, 20, |r| r["status"] == "failed").await;
+    let ui = format!("{}/ui", relay.http_url());
+
+    // The owner: overview, workflows, the answered run's timeline.
+    let mut b = Browser::start().await;
+    b.sign_in_as(&ui, &fx.owner).await;
+    b.wait_for("#who[data-role=owner]").await;
+    b.wait_text("#d-delivered .n", "1").await;
+    b.wait_text("#d-failed .n", "1").await;
+    b.screenshot("overview").await;
+    b.show("#/workflows").await;
+    b.wait_for("tr[data-workflow=triage]").await;
+    b.wait_for("tr[data-workflow=flaky]").await;
+    b.screenshot("workflows").await;
+    b.show(&format!("#/run/{answered}")).await;
+    b.wait_for("#steps li[data-step=ask] [data-status=done]").await;
+    b.wait_for("#steps li[data-step=say] [data-status=done]").await;
+    // The page reads the message and the agent's reply over the relay's
+    // WebSocket (NIP-42 signed by the same signer).
+    b.wait_text("#messages", "echo: ").await;
+    b.screenshot("run").await;
+
+    // Retry the failed delivery from the page; the agent answers; the page
+    // shows it delivered without a reload.
+    b.show("#/deliveries?status=failed").await;
+    b.wait_for(&format!("tr[data-delivery='{failed_id}'] [data-status=failed]"))
+        .await;
+    b.screenshot("deliveries").await;
+    b.click(&format!("#retry-{failed_id}")).await;
+    b.click("#confirm-yes").await;
+    b.show(&format!("#/delivery/{failed_id}")).await;
+    b.wait_for("#delivery-status [data-status=pending]").await;
+    let d = claim_when_due(&relay, &fx.agents[1], json!({})).await;
+    assert_eq!(d["id"], failed_id.as_str());
+    let reply = event(&fx.agents[1], 9, "runner restarted", &[&["h", "ops"]]);
+    let body = json!({"claim_token": d["claim_token"], "outcome": "delivered", "reply": reply});
+    assert_eq!(finish(&relay, &fx.agents[1], &failed_id, &body).await.0, 200);
+    b.wait_for("#delivery-status [data-status=delivered]").await;
+    b.wait_text("#attempts", "runner_offline").await;
+    b.screenshot("delivery").await;
+    let run = run_until(&relay, &fx.owner, &flaky_run, 20, tests::workflow::ended).await;
+    assert_eq!(
+        run["status"], "completed",
+        "the retried delivery let its run go on: {run}"
+    );
+    // The relay's notice names the owner.
+    b.show("#/").await;
+    b.wait_text(
+        "#notices",
+        &format!("retried by {}", fx.owner.public_key().to_hex()),
+    )
+    .await;
+    b.close().await;
+
+    // The admin: the community's agents and channels; a ban.
+    let mut b = Browser::start().await;
+    b.sign_in_as(&ui, &admin).await;
+    b.wait_for("#who[data-role=admin]").await;
+    b.show("#/agents").await;
+    b.wait_text("main table", &fx.agents[0].public_key().to_hex()[..8])
+        .await;
+    b.screenshot("agents").await;
+    b.show("#/channels").await;
+    b.wait_text("main table", "ops").await;
+    b.screenshot("channels").await;
+    b.show("#/bans").await;
+    let spammer = Keys::generate().public_key().to_hex();
+    b.wait_for("#ban-pubkey").await.send_keys(&spammer).await.unwrap();
+    b.wait_for("#ban-reason").await.send_keys("spam").await.unwrap();
+    b.click("#ban").await;
+    b.click("#confirm-yes").await;
+    b.wait_text("#banned", &spammer).await;
+    b.wait_text("#flash", "Done: ban").await;
+    b.screenshot("bans").await;
+    let listed = rpc(&relay, &admin, "listbannedpubkeys", json!([])).await;
+    assert_eq!(listed.1["result"][0]["pubkey"], spammer.as_str(), "{listed:?}");
+    // Readable at a phone's width: nothing wider than the screen.
+    b.client.set_window_size(390, 844).await.unwrap();
+    b.show("#/").await;
+    let fits = b
+        .client
+        .execute(
+            "return document.documentElement.scrollWidth <= window.innerWidth + 1;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(fits, json!(true), "the overview overflows a phone's width");
+    b.screenshot("overview-phone").await;
+    b.close().await;
+
+    // A stranger: the sign-in, and nothing of the community.
+    let stranger = Keys::generate();
+    let mut b = Browser::start().await;
+    b.sign_in_as(&ui, &stranger).await;
+    b.wait_text("#signin-error", "does not manage this community")
+        .await;
+    let shown = b
+        .client
+        .execute(
+            "return [document.getElementById('nav').hidden, document.querySelectorAll('main table').length];",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(shown, json!([true, 0]));
+    b.screenshot("signin-stranger").await;
+    b.close().await;
+    let (status, v) = api(&relay, &stranger, "GET", "/overview", None).await;
+    assert_eq!((status, v["error"].as_str()), (403, Some("restricted")), "{v}");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+}
