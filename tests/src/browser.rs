@@ -55,10 +55,6 @@ pub struct Browser {
 
 impl Browser {
     pub async fn start() -> Browser {
-        // Two TLS backends are linked into the tests (ring by ours,
-        // aws-lc-rs by others); the WebDriver client needs one chosen. It
-        // talks plain HTTP to the local chromedriver.
-        let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port")
@@ -91,19 +87,20 @@ impl Browser {
         let url = format!("http://127.0.0.1:{port}");
         let mut last = String::new();
         for _ in 0..100 {
-            let builder = ClientBuilder::rustls();
-            match builder {
-                Ok(mut b) => match b.capabilities(caps.clone()).connect(&url).await {
-                    Ok(client) => {
-                        return Browser {
-                            client,
-                            driver,
-                            _profile: profile,
-                            pump: None,
-                        }
+            let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+            match ClientBuilder::new(connector)
+                .capabilities(caps.clone())
+                .connect(&url)
+                .await
+            {
+                Ok(client) => {
+                    return Browser {
+                        client,
+                        driver,
+                        _profile: profile,
+                        pump: None,
                     }
-                    Err(e) => last = e.to_string(),
-                },
+                }
                 Err(e) => last = e.to_string(),
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
