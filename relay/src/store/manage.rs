@@ -84,7 +84,6 @@ pub async fn entries(
 /// takes it off the allow list and allowing one lifts its ban; a banned
 /// event is removed from the store (a banned definition's workflow is
 /// deleted, as by NIP-09). Returns the notice.
-#[allow(clippy::too_many_arguments)]
 pub async fn add(
     tx: &mut Tx<'_>,
     community: &str,
@@ -208,6 +207,17 @@ pub async fn set_info(
     notices::label(tx, community, keys, method, None, actor, said, now).await
 }
 
+/// The tags of a channel notice of a management action: `["nip86",
+/// <method>]`, `[<what>, <id>]` (`delivery`, `run` or `workflow`) and
+/// `["by", <actor>]`.
+fn action_tags(method: &str, what: &str, id: &str, by: &str) -> Vec<Tag> {
+    vec![
+        Tag::custom("nip86", [method]),
+        Tag::custom(what, [id]),
+        Tag::custom("by", [by]),
+    ]
+}
+
 /// What a delivery action did.
 pub struct DeliveryActed {
     pub status: DeliveryStatus,
@@ -221,7 +231,6 @@ pub struct DeliveryActed {
 /// `retrydelivery` (`retry`) or `canceldelivery`: the row as the machine
 /// decides, then its run: a retried row reopens the run that failed at its
 /// step; a cancelled one wakes the run waiting on it.
-#[allow(clippy::too_many_arguments)]
 pub async fn act_on_delivery(
     tx: &mut Tx<'_>,
     community: &str,
@@ -262,11 +271,8 @@ pub async fn act_on_delivery(
         "Delivery {id} (workflow {}, run {}, step {}) {verb} by {by}",
         d.workflow_id, d.run_id, d.step_id
     );
-    let tags = vec![
-        Tag::custom("nip86", [if retry { "retrydelivery" } else { "canceldelivery" }]),
-        Tag::custom("delivery", [id]),
-        Tag::custom("by", [by.as_str()]),
-    ];
+    let method = if retry { "retrydelivery" } else { "canceldelivery" };
+    let tags = action_tags(method, "delivery", id, &by);
     let notice = notices::post(tx, community, keys, &d.channel, text, tags, now).await?;
     Ok(DeliveryActed {
         status,
@@ -294,11 +300,7 @@ pub async fn cancel_run(
     runs::cancel_by(tx, community, run_id, &format!("cancelled by {by}")).await?;
     let now = tx.now().await?;
     let text = format!("Run {run_id} of workflow {workflow_id} cancelled by {by}");
-    let tags = vec![
-        Tag::custom("nip86", ["cancelrun"]),
-        Tag::custom("run", [run_id]),
-        Tag::custom("by", [by.as_str()]),
-    ];
+    let tags = action_tags("cancelrun", "run", run_id, &by);
     Ok(notices::post(tx, community, keys, &channel, text, tags, now).await?)
 }
 
@@ -326,11 +328,7 @@ pub async fn set_paused(
         ("resumed", "resumeworkflow")
     };
     let text = format!("Workflow {workflow_id} {verb} by {by}");
-    let tags = vec![
-        Tag::custom("nip86", [method]),
-        Tag::custom("workflow", [workflow_id]),
-        Tag::custom("by", [by.as_str()]),
-    ];
+    let tags = action_tags(method, "workflow", workflow_id, &by);
     Ok(Some(
         notices::post(tx, community, keys, &channel, text, tags, now).await?,
     ))
