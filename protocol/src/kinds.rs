@@ -6,6 +6,9 @@ pub const DELETION: u16 = 5;
 pub const CLIENT_AUTH: u16 = 22242;
 /// Wake hint for a managed agent (PROTOCOL.md section 6). p-gated by default.
 pub const WAKE_HINT: u16 = 24620;
+/// NIP-04 encrypted direct message (deprecated by NIP-17, still sent).
+/// p-gated by default: only its sender and recipient read it.
+pub const ENCRYPTED_DM: u16 = 4;
 /// NIP-59 gift wrap (NIP-17 private messages). p-gated by default: who
 /// receives private messages, and when, is itself private.
 pub const GIFT_WRAP: u16 = 1059;

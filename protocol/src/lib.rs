@@ -16,6 +16,7 @@ pub mod nip86;
 pub mod nip98;
 pub mod nip_oa;
 pub mod schedule;
+pub mod search;
 pub mod template;
 pub mod webhook;
 pub mod workflow;

@@ -29,11 +29,14 @@ pub struct Config {
     pub name: String,
     /// Description published in NIP-11.
     pub description: String,
-    /// Kinds delivered only to connections authenticated as a `p` of the event.
+    /// Kinds delivered only to connections authenticated as a `p` of the
+    /// event or as its author (NIP-04 DMs, NIP-59 gift wraps, wake hints).
     pub p_gated_kinds: Vec<u16>,
     /// Admins of every community (hex pubkeys): they may call every
     /// management (NIP-86) method. Each community adds its own.
     pub admins: Vec<String>,
+    /// Who may read and write, for every community without its own.
+    pub access: Access,
     /// Directory of community signing keys kept outside the database
     /// (`<keys_dir>/<community id>.key`); see `relay::keys`. Unset: keys
     /// are stored in the database.
@@ -82,7 +85,12 @@ impl Default for Config {
             name: "nostr relay with durable agent delivery".into(),
             description: "Multi-community Nostr relay with workflows and managed-agent delivery.".into(),
             admins: Vec::new(),
-            p_gated_kinds: vec![protocol::kinds::WAKE_HINT, protocol::kinds::GIFT_WRAP],
+            access: Access::default(),
+            p_gated_kinds: vec![
+                protocol::kinds::ENCRYPTED_DM,
+                protocol::kinds::WAKE_HINT,
+                protocol::kinds::GIFT_WRAP,
+            ],
             keys_dir: None,
             default_community: DefaultCommunity::default(),
             limits: Limits::default(),
@@ -181,6 +189,21 @@ pub struct CommunitySettings {
     pub webhook_allow_hosts: Vec<String>,
     /// This community's admins (hex pubkeys), besides the relay-wide `admins`.
     pub admins: Vec<String>,
+    /// Overrides the top-level `[access]` rules.
+    pub access: Option<Access>,
+}
+
+/// Who may read and write a community over WebSocket.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Access {
+    /// REQ and COUNT need NIP-42 authentication first (`CLOSED auth-required:`).
+    pub auth_required_for_reads: bool,
+    /// EVENT needs NIP-42 authentication first (`OK false auth-required:`).
+    pub auth_required_for_writes: bool,
+    /// Only authors on the community's allow list (NIP-86 `allowpubkey`)
+    /// and its admins may publish (`OK false restricted:`).
+    pub writers_allowlist: bool,
 }
 
 /// Protocol limits. All are per connection unless the name says otherwise.
@@ -235,6 +258,11 @@ pub struct Limits {
     /// Bytes of stored events one REQ sends at most, over all its filters;
     /// past it the REQ ends with EOSE, as if its `limit` had been reached.
     pub max_req_bytes: usize,
+    /// Most events one NIP-77 sync may reconcile (40 bytes of memory each
+    /// while it is open); a filter matching more is refused with NEG-ERR.
+    pub max_sync_events: usize,
+    /// Most NIP-77 syncs open at once on one connection.
+    pub max_sync_sessions: usize,
     /// Bytes queued for all connections together (relay-wide). Past it,
     /// stored results wait for room, and a connection that is behind
     /// (more than `outbound::KEEPING_UP_BYTES` queued) is disconnected rather than
@@ -283,6 +311,8 @@ impl Default for Limits {
             api_requests_per_second: 50,
             api_burst: 200,
             max_req_bytes: 16 * 1024 * 1024,
+            max_sync_events: 1_000_000,
+            max_sync_sessions: 2,
             max_outbound_bytes_total: 256 * 1024 * 1024,
             max_connections_per_ip: 256,
             connection_cap_exempt: vec![
@@ -671,6 +701,14 @@ impl Config {
             .unwrap_or(&self.channels)
     }
 
+    /// The access rules of a community.
+    pub fn access(&self, community: &str) -> &Access {
+        self.communities
+            .get(community)
+            .and_then(|c| c.access.as_ref())
+            .unwrap_or(&self.access)
+    }
+
     /// The hosts a community's webhook calls may reach at non-public
     /// addresses or over `http`.
     pub fn webhook_allow_hosts(&self, community: &str) -> &[String] {
@@ -733,6 +771,8 @@ impl Config {
             ("max_http_body_bytes", l.max_http_body_bytes),
             ("ws_read_buffer_bytes", l.ws_read_buffer_bytes),
             ("max_req_bytes", l.max_req_bytes),
+            ("max_sync_events", l.max_sync_events),
+            ("max_sync_sessions", l.max_sync_sessions),
             ("max_outbound_bytes_total", l.max_outbound_bytes_total),
             ("max_connections_per_ip", l.max_connections_per_ip as usize),
             ("header_read_timeout_ms", l.header_read_timeout_ms as usize),

@@ -19,6 +19,7 @@ pub mod keys;
 pub mod listen;
 pub mod manage;
 pub mod moderation;
+pub mod neg;
 pub mod outbound;
 pub mod outcall;
 pub mod ratelimit;

@@ -11,7 +11,9 @@
 //! REQ at its queue's bound (and is dropped after the stored-results
 //! deadline). Several filters are merged in REQ order, each event once.
 //! A REQ sends at most `max_req_bytes` of events; past that it ends with
-//! EOSE, as if its limits had been reached.
+//! EOSE, as if its limits had been reached. A REQ with a NIP-50 search is
+//! sent filter by filter instead, each in its rank order (NIP-50: best
+//! match first, `limit` applied after ranking).
 
 use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
@@ -21,7 +23,7 @@ use serde_json::json;
 
 use crate::outbound::{Outbound, Overflow};
 use crate::state::AppState;
-use crate::store::sql::After;
+use crate::store::sql::{search_of, After, Position};
 use crate::store::{Page, ReadScope, StoreError, StoredEvent};
 
 /// How long stored results may wait for a slow reader before it is dropped.
@@ -91,6 +93,7 @@ pub async fn send_stored(
             })
         })
         .collect();
+    let ranked = filters.iter().any(|f| search_of(f).is_some());
     let prefix = format!("[\"EVENT\",{},", json!(sub_id));
     let one_event = l.max_event_bytes + prefix.len() + 1;
     // Bounded by max_filters x max_limit ids: only several filters can
@@ -99,11 +102,15 @@ pub async fn send_stored(
     let mut sent_bytes = 0usize;
     loop {
         refill(state, community, out, &mut cursors, scope, one_event).await?;
-        // The cursor whose next event comes first in REQ order.
-        let Some(next) = (0..cursors.len())
-            .filter(|&i| cursors[i].head().is_some())
-            .min_by_key(|&i| cursors[i].head())
-        else {
+        // The cursor whose next event comes first in REQ order (a search
+        // REQ: each filter's results whole, in filter order, as ranked).
+        let mut ready = (0..cursors.len()).filter(|&i| cursors[i].head().is_some());
+        let next = if ranked {
+            ready.next()
+        } else {
+            ready.min_by_key(|&i| cursors[i].head())
+        };
+        let Some(next) = next else {
             return Ok(());
         };
         let event = cursors[next].buf.pop_front().expect("head was some");
@@ -143,7 +150,10 @@ async fn refill(
         let page = Page {
             limit: c.limit,
             rows: c.left,
-            after: c.after,
+            position: Position {
+                after: c.after,
+                offset: c.limit - c.left,
+            },
             max_bytes: share,
         };
         let rows = state

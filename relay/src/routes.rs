@@ -19,7 +19,7 @@ use crate::http::{error, limited, Authed, Tenant};
 use crate::state::AppState;
 
 /// Supported NIPs, as advertised in NIP-11.
-pub const SUPPORTED_NIPS: &[u16] = &[1, 9, 11, 29, 40, 42, 45, 70, 86, 98];
+pub const SUPPORTED_NIPS: &[u16] = &[1, 4, 9, 11, 17, 29, 40, 42, 45, 50, 59, 65, 70, 77, 86, 98];
 
 /// Builds the router.
 pub fn router(state: Arc<AppState>) -> Router {
@@ -204,6 +204,7 @@ pub fn relay_info(
     moderation: &crate::store::manage::Moderation,
 ) -> serde_json::Value {
     let l = &state.cfg.limits;
+    let access = state.cfg.access(&community.id);
     let pubkey = community.keys.public_key().to_hex();
     json!({
         "name": moderation.name.as_deref().unwrap_or(&state.cfg.name),
@@ -224,9 +225,9 @@ pub fn relay_info(
             "max_event_tags": l.max_tags_per_event,
             "max_content_length": l.max_event_bytes,
             "created_at_upper_limit": l.max_future_secs,
-            "auth_required": false,
+            "auth_required": access.auth_required_for_reads || access.auth_required_for_writes,
             "payment_required": false,
-            "restricted_writes": false,
+            "restricted_writes": access.auth_required_for_writes || access.writers_allowlist,
             "max_event_bytes": l.max_event_bytes,
             "max_tag_value_bytes": l.max_tag_value_bytes,
             "max_filter_values": l.max_filter_values,

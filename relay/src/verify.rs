@@ -45,11 +45,27 @@ pub fn verify_now(event: &Event) -> Result<(), VerifyError> {
     }
 }
 
+/// How an event's id is known to be right.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdCheck {
+    /// Hash the event as the `nostr` crate holds it.
+    Recompute,
+    /// Already checked on the event as its author wrote it
+    /// (`protocol::message::Verbatim`: tags the crate cannot hold).
+    Verbatim { id_ok: bool },
+}
+
 /// Checks an event's id and signature on the verification pool.
-pub async fn verify(event: Arc<Event>) -> Result<(), VerifyError> {
+pub async fn verify(event: Arc<Event>, id: IdCheck) -> Result<(), VerifyError> {
     let (tx, rx) = oneshot::channel();
     rayon::spawn(move || {
-        let _ = tx.send(verify_now(&event));
+        let result = match id {
+            IdCheck::Recompute => verify_now(&event),
+            IdCheck::Verbatim { id_ok: false } => Err(VerifyError::BadId),
+            IdCheck::Verbatim { id_ok: true } if !event.verify_signature() => Err(VerifyError::BadSignature),
+            IdCheck::Verbatim { id_ok: true } => Ok(()),
+        };
+        let _ = tx.send(result);
     });
     rx.await.unwrap_or(Err(VerifyError::PoolGone))
 }

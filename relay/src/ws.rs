@@ -16,7 +16,7 @@ use futures_util::stream::FuturesOrdered;
 use futures_util::StreamExt;
 use nostr::prelude::{Event, Filter, MatchEventOptions, PublicKey, SingleLetterTag, Timestamp};
 use protocol::kinds::{self, Storage};
-use protocol::message::{ClientMessage, ParseError};
+use protocol::message::{ClientMessage, Incoming, ParseError};
 use serde_json::json;
 use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::RecvError;
@@ -30,6 +30,7 @@ use crate::ratelimit::TokenBucket;
 use crate::req::{Stopped, STORED_RESULTS_DEADLINE};
 use crate::state::AppState;
 use crate::store::channels;
+use crate::store::manage::Moderation;
 use crate::store::{InsertOutcome, ReadScope};
 use crate::verify;
 use protocol::nip_oa;
@@ -43,9 +44,26 @@ const CLOSE_POLICY: u16 = 1008;
 
 struct Subscription {
     filters: Vec<Filter>,
+    /// Each filter's NIP-50 query, parsed once (`None`: no words).
+    searches: Vec<Option<protocol::search::Query>>,
     /// Hub sequence when the stored query began; live events at or below it
     /// were committed before the query and are not sent again.
     seq_floor: u64,
+}
+
+/// Live matching: every field of a filter but `search`, which is matched
+/// as the stores read it ([`protocol::search::Query`]), not as a substring.
+const LIVE_MATCH: MatchEventOptions = MatchEventOptions {
+    nip50: false,
+    ..MatchEventOptions::new()
+};
+
+/// Whether a REQ is complete at EOSE: every filter asks for events by id
+/// (an event's id fixes its content, so a stored answer is the answer).
+fn is_complete(filters: &[Filter]) -> bool {
+    filters
+        .iter()
+        .all(|f| f.ids.as_ref().is_some_and(|ids| !ids.is_empty()))
 }
 
 struct Conn {
@@ -56,6 +74,8 @@ struct Conn {
     challenge: String,
     authed: Option<PublicKey>,
     subs: HashMap<String, Subscription>,
+    /// Open NIP-77 syncs, at most `limits.max_sync_sessions`.
+    syncs: HashMap<String, Box<crate::neg::Session>>,
     /// The community's live events, only while there is a subscription:
     /// every published event wakes every receiver, and a connection that
     /// only publishes (or idles) has nothing to do with them. Before, with
@@ -119,6 +139,7 @@ pub async fn run(socket: WebSocket, state: Arc<AppState>, community: Arc<Communi
         host,
         authed: None,
         subs: HashMap::new(),
+        syncs: HashMap::new(),
         live: None,
         out,
         verifying: FuturesOrdered::new(),
@@ -235,9 +256,8 @@ impl Conn {
                 text.len()
             );
             match parsed {
-                Ok(ClientMessage::Event(e)) | Ok(ClientMessage::Auth(e)) => {
-                    self.ok(&e.id.to_hex(), false, &why)?
-                }
+                Ok(ClientMessage::Event(e)) => self.ok(&e.event.id.to_hex(), false, &why)?,
+                Ok(ClientMessage::Auth(e)) => self.ok(&e.id.to_hex(), false, &why)?,
                 Err(ParseError::Event { event_id, .. }) => self.ok(&event_id, false, &why)?,
                 Ok(ClientMessage::Req { sub_id, .. }) | Ok(ClientMessage::Count { sub_id, .. }) => {
                     self.closed(&sub_id, &why)?
@@ -251,18 +271,78 @@ impl Conn {
             Err(ParseError::Event { event_id, reason }) => {
                 self.ok(&event_id, false, &format!("invalid: {reason}"))?
             }
+            Err(ParseError::Subscription { sub_id, reason, verb }) if verb.starts_with("NEG-") => {
+                self.syncs.remove(&sub_id);
+                self.neg_err(&sub_id, &format!("invalid: {reason}"))?
+            }
             Err(ParseError::Subscription { sub_id, reason, .. }) => {
                 self.closed(&sub_id, &format!("invalid: {reason}"))?
             }
-            Ok(ClientMessage::Event(event)) => self.on_event(Arc::new(*event)).await?,
+            Ok(ClientMessage::Event(incoming)) => self.on_event(*incoming).await?,
             Ok(ClientMessage::Req { sub_id, filters }) => self.on_req(sub_id, filters).await?,
             Ok(ClientMessage::Count { sub_id, filters }) => self.on_count(sub_id, filters).await?,
             Ok(ClientMessage::Close { sub_id }) => {
                 self.subs.remove(&sub_id);
             }
             Ok(ClientMessage::Auth(event)) => self.on_auth(Arc::new(*event)).await?,
+            Ok(ClientMessage::NegOpen {
+                sub_id,
+                filter,
+                message,
+            }) => self.on_neg_open(sub_id, *filter, message).await?,
+            Ok(ClientMessage::NegMsg { sub_id, message }) => self.on_neg_msg(sub_id, message).await?,
+            Ok(ClientMessage::NegClose { sub_id }) => {
+                self.syncs.remove(&sub_id);
+            }
         }
         Ok(())
+    }
+
+    /// NIP-77 `NEG-OPEN`: the filter passes the REQ rules, then a session
+    /// answers the first message (an open one of the same id is replaced).
+    async fn on_neg_open(&mut self, sub_id: String, filter: Filter, message: Vec<u8>) -> Result<(), Stop> {
+        self.syncs.remove(&sub_id);
+        if let Err(msg) = self.check_filters(std::slice::from_ref(&filter)) {
+            return Ok(self.neg_err(&sub_id, &msg)?);
+        }
+        let max = self.limits().max_sync_sessions;
+        if self.syncs.len() >= max {
+            return Ok(self.neg_err(
+                &sub_id,
+                &format!("blocked: at most {max} syncs per connection (max_sync_sessions)"),
+            )?);
+        }
+        let scope = self.scope();
+        let community = self.community.id.clone();
+        match crate::neg::open(&self.state, &community, &filter, &scope, message).await {
+            Ok((session, reply)) => {
+                self.syncs.insert(sub_id.clone(), session);
+                self.neg_msg(&sub_id, &reply)
+            }
+            Err(why) => Ok(self.neg_err(&sub_id, &why)?),
+        }
+    }
+
+    /// NIP-77 `NEG-MSG`: the next round of an open session.
+    async fn on_neg_msg(&mut self, sub_id: String, message: Vec<u8>) -> Result<(), Stop> {
+        let Some(session) = self.syncs.remove(&sub_id) else {
+            return Ok(self.neg_err(&sub_id, "closed: no open sync with this id")?);
+        };
+        match crate::neg::step(session, message).await {
+            Ok((session, reply)) => {
+                self.syncs.insert(sub_id.clone(), session);
+                self.neg_msg(&sub_id, &reply)
+            }
+            Err(why) => Ok(self.neg_err(&sub_id, &why)?),
+        }
+    }
+
+    fn neg_msg(&self, sub_id: &str, reply: &[u8]) -> Result<(), Stop> {
+        Ok(self.send(json!(["NEG-MSG", sub_id, hex::encode(reply)]))?)
+    }
+
+    fn neg_err(&self, sub_id: &str, why: &str) -> Result<(), Overflow> {
+        self.send(json!(["NEG-ERR", sub_id, why]))
     }
 
     /// The admission rules for this connection's community, now.
@@ -278,7 +358,13 @@ impl Conn {
     /// An EVENT: cheap checks now, then verification (off the executor,
     /// concurrently with later events), then [`Conn::after_verify`] in
     /// arrival order.
-    async fn on_event(&mut self, event: Arc<Event>) -> Result<(), Stop> {
+    async fn on_event(&mut self, incoming: Incoming) -> Result<(), Stop> {
+        let raw: Arc<str> = Arc::from(incoming.json());
+        let id_check = match &incoming.verbatim {
+            Some(v) => verify::IdCheck::Verbatim { id_ok: v.id_ok },
+            None => verify::IdCheck::Recompute,
+        };
+        let event = Arc::new(incoming.event);
         let id = event.id.to_hex();
         if !self.bucket.try_take() {
             let msg = format!(
@@ -287,15 +373,36 @@ impl Conn {
             );
             return Ok(self.ok(&id, false, &msg)?);
         }
-        let raw: Arc<str> = Arc::from(event.as_json());
         let moderation = self.state.moderation.get(&self.community).await;
+        if let Err(why) = self.may_write(&event, &moderation) {
+            return Ok(self.ok(&id, false, why)?);
+        }
         if let Err(refusal) = admission::check(&event, raw.len(), &self.rules(&moderation.bans)) {
             return Ok(self.ok(&id, false, &refusal.to_string())?);
         }
         self.verifying.push_back(Box::pin(async move {
-            let r = verify::verify(event.clone()).await;
+            let r = verify::verify(event.clone(), id_check).await;
             (event, raw, r)
         }));
+        Ok(())
+    }
+
+    /// The community's access rules for publishing (`[access]`): the
+    /// refusal when this connection may not publish `event`.
+    fn may_write(&self, event: &Event, moderation: &Moderation) -> Result<(), &'static str> {
+        let access = self.state.cfg.access(&self.community.id);
+        if access.auth_required_for_writes && self.authed.is_none() {
+            return Err("auth-required: this community accepts events from authenticated clients only");
+        }
+        if access.writers_allowlist
+            && !moderation.allowed.contains(&event.pubkey.to_bytes())
+            && !self
+                .state
+                .cfg
+                .is_admin(&self.community.id, &event.pubkey.to_hex())
+        {
+            return Err("restricted: only pubkeys on this community's allow list may publish here");
+        }
         Ok(())
     }
 
@@ -501,12 +608,12 @@ impl Conn {
                 l.max_filters
             ));
         }
+        if self.state.cfg.access(&self.community.id).auth_required_for_reads && self.authed.is_none() {
+            return Err("auth-required: this community serves authenticated clients only".into());
+        }
         let gated = &self.state.cfg.p_gated_kinds;
         let p = SingleLetterTag::LOWERCASE_P;
         for f in filters {
-            if f.search.is_some() {
-                return Err("invalid: search (NIP-50) is not supported".into());
-            }
             let widest = [
                 f.ids.as_ref().map_or(0, |s| s.len()),
                 f.authors.as_ref().map_or(0, |s| s.len()),
@@ -532,7 +639,13 @@ impl Conn {
                     k.as_u16()
                 ));
             };
-            if let Some(ps) = f.generic_tags.get(&p) {
+            // Asking for others' `p` is asking for what only they may read,
+            // unless every author asked for is oneself (one's sent DMs).
+            let own_only = f
+                .authors
+                .as_ref()
+                .is_some_and(|a| !a.is_empty() && a.iter().all(|pk| *pk == me));
+            if let Some(ps) = f.generic_tags.get(&p).filter(|_| !own_only) {
                 let mine = me.to_hex();
                 if ps.iter().any(|v| *v != mine) {
                     return Err(format!(
@@ -590,7 +703,21 @@ impl Conn {
             .text_wait(json!(["EOSE", sub_id]).to_string(), STORED_RESULTS_DEADLINE)
             .await?;
         metrics::histogram!(crate::telemetry::REQ_DURATION).record(started.elapsed().as_secs_f64());
-        self.subs.insert(sub_id, Subscription { filters, seq_floor });
+        if is_complete(&filters) {
+            // Every filter names its events by id, and each was looked up:
+            // as NIP-01 allows, the relay ends it, which frees the slot.
+            self.subs.remove(&sub_id);
+            return Ok(self.closed(&sub_id, "")?);
+        }
+        let searches = filters.iter().map(crate::store::sql::search_of).collect();
+        self.subs.insert(
+            sub_id,
+            Subscription {
+                filters,
+                searches,
+                seq_floor,
+            },
+        );
         Ok(())
     }
 
@@ -614,7 +741,7 @@ impl Conn {
         if event.kind.as_u16() != kinds::CLIENT_AUTH {
             return Ok(self.auth_ok(&id, false, "invalid: AUTH event must be kind 22242")?);
         }
-        if let Err(e) = verify::verify(event.clone()).await {
+        if let Err(e) = verify::verify(event.clone(), verify::IdCheck::Recompute).await {
             return Ok(self.auth_ok(&id, false, e.message())?);
         }
         let tag_value = |name: &str| {
@@ -653,7 +780,7 @@ impl Conn {
         let gated = self.state.cfg.p_gated_kinds.contains(&p.event.kind.as_u16());
         if gated {
             let Some(me) = self.authed else { return Ok(()) };
-            if !p.event.tags.public_keys().any(|pk| pk == me) {
+            if p.event.pubkey != me && !p.event.tags.public_keys().any(|pk| pk == me) {
                 return Ok(());
             }
         }
@@ -669,10 +796,10 @@ impl Conn {
             .iter()
             .filter(|(_, sub)| {
                 p.seq > sub.seq_floor
-                    && sub
-                        .filters
-                        .iter()
-                        .any(|f| f.match_event(&p.event, MatchEventOptions::new()))
+                    && sub.filters.iter().zip(&sub.searches).any(|(f, search)| {
+                        f.match_event(&p.event, LIVE_MATCH)
+                            && search.as_ref().is_none_or(|q| q.matches(&p.event.content))
+                    })
             })
             .map(|(id, _)| id)
             .collect();

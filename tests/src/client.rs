@@ -193,6 +193,13 @@ impl Client {
 
     /// Opens a subscription and collects stored events until EOSE (or CLOSED).
     pub async fn req(&mut self, sub: &str, filters: Vec<Value>) -> ReqResult {
+        // Every filter on `ids`: the relay ends it after EOSE (CLOSED ""),
+        // read here so that a later REQ of the same id does not take it.
+        let complete = filters.iter().all(|f| {
+            f.get("ids")
+                .and_then(Value::as_array)
+                .is_some_and(|a| !a.is_empty())
+        });
         let mut msg = vec![json!("REQ"), json!(sub)];
         msg.extend(filters);
         self.send(Value::Array(msg)).await;
@@ -203,6 +210,13 @@ impl Client {
                 Some("EVENT") if v[1] == sub => {
                     events.push(serde_json::from_value(v[2].clone()).expect("event"))
                 }
+                Some("EOSE") if v[1] == sub && complete => loop {
+                    let v = self.recv().await;
+                    if v[0] == "CLOSED" && v[1] == sub {
+                        assert_eq!(v[2], "", "a complete REQ ends without a reason");
+                        return ReqResult::Events(events);
+                    }
+                },
                 Some("EOSE") if v[1] == sub => return ReqResult::Events(events),
                 Some("CLOSED") if v[1] == sub => {
                     return ReqResult::Closed(v[2].as_str().unwrap_or("").to_string())

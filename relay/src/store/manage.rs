@@ -31,10 +31,13 @@ pub struct Actor<'a> {
 /// A stored notice, to announce after commit.
 pub type Notice = (Event, String);
 
-/// What a community's admins set: its bans and its NIP-11 text.
+/// What a community's admins set: its bans, its allow list and its NIP-11 text.
 #[derive(Debug, Default, Clone)]
 pub struct Moderation {
     pub bans: Bans,
+    /// Pubkeys on the allow list (NIP-86 `allowpubkey`): the only authors
+    /// who may publish where `access.writers_allowlist` is set.
+    pub allowed: std::collections::HashSet<[u8; 32]>,
     pub name: Option<String>,
     pub description: Option<String>,
 }
@@ -42,13 +45,14 @@ pub struct Moderation {
 /// The community's bans and NIP-11 text, as stored.
 pub async fn load(tx: &mut Tx<'_>, community: &str) -> Result<Moderation, StoreError> {
     let mut m = Moderation::default();
-    let q = Q::new("SELECT list, value FROM moderation WHERE community_id = $1 AND list <> $2")
-        .bind(community)
-        .bind(List::AllowedPubkeys.as_str());
+    let q = Q::new("SELECT list, value FROM moderation WHERE community_id = $1").bind(community);
     for row in tx.all(q).await? {
         let value = row.id32("value")?;
-        if row.text("list")? == List::BannedEvents.as_str() {
+        let list = row.text("list")?;
+        if list == List::BannedEvents.as_str() {
             m.bans.events.insert(value);
+        } else if list == List::AllowedPubkeys.as_str() {
+            m.allowed.insert(value);
         } else {
             m.bans.pubkeys.insert(value);
         }

@@ -98,8 +98,9 @@ pub struct Page {
     pub limit: usize,
     /// Rows wanted now, at most (what is left of `limit`).
     pub rows: usize,
-    /// Only events after this one in REQ order; `None` for the first page.
-    pub after: Option<sql::After>,
+    /// Where the page starts: after an event in REQ order (`None` for the
+    /// first page), or, for a search filter, after the rows read.
+    pub position: sql::Position,
     /// Bytes of event JSON the page may hold (at least one event is
     /// returned, whatever its size).
     pub max_bytes: usize,
@@ -251,6 +252,17 @@ pub trait Store: WorkflowStore + ManageStore + Send + Sync + 'static {
         page: &Page,
         scope: &ReadScope,
     ) -> Result<PageRows, StoreError>;
+
+    /// `(created_at, id)` of the events matching `filter` under the read
+    /// rules, in no order, at most `max` (NIP-77 sync: a caller that gets
+    /// `max` refuses rather than reconciles part of a set).
+    async fn sync_items(
+        &self,
+        community: &str,
+        filter: &Filter,
+        scope: &ReadScope,
+        max: usize,
+    ) -> Result<Vec<(u64, [u8; 32])>, StoreError>;
 
     /// Number of distinct events matching any of the filters (NIP-45).
     async fn count(&self, community: &str, filters: &[Filter], scope: &ReadScope) -> Result<u64, StoreError>;

@@ -360,6 +360,7 @@ pub fn push_filter(
     f: &Filter,
     scope: &ReadScope,
     driven_by: Option<&SingleLetterTag>,
+    search_joined: bool,
 ) {
     if let Some(ids) = f.ids.as_ref().filter(|s| !s.is_empty()) {
         sql.push(" AND e.id IN ");
@@ -384,6 +385,9 @@ pub fn push_filter(
     if let Some(until) = f.until {
         sql.push(" AND e.created_at <= ");
         sql.bind(Bind::Int(clamp_i64(until.as_secs())));
+    }
+    if let Some(query) = search_of(f).filter(|_| !search_joined) {
+        sql.search_condition(&query);
     }
     sql.push(" AND (e.expires_at IS NULL OR e.expires_at > ");
     sql.bind(Bind::Int(clamp_i64(scope.now)));
@@ -418,6 +422,9 @@ pub fn push_filter(
         sql.push(" AND (e.kind NOT IN ");
         sql.bind_list(scope.gated_kinds.iter().map(|k| Bind::Int(i64::from(*k))));
         if let Some(viewer) = scope.viewer {
+            // Its recipients (`p`) and its author read it.
+            sql.push(" OR e.pubkey = ");
+            sql.bind(Bind::Blob(viewer.to_bytes().to_vec()));
             sql.push(" OR (1=1");
             sql.tag_in(community, "p", [viewer.to_hex()]);
             sql.push(")");
@@ -477,20 +484,26 @@ fn push_after(sql: &mut Sql, after: Option<After>, at: &str, id: &str) {
 }
 
 /// One filter's events, newest first (ties by lowest id), at most `limit`,
-/// from just after `after` when it is given (a REQ's later pages).
+/// from just after `after` when it is given (a REQ's later pages). A
+/// filter with a NIP-50 `search` is ranked instead (best match first, then
+/// newest), and its later pages skip the `offset` rows already read.
 pub fn select_events(
     dialect: Dialect,
     community: &str,
     f: &Filter,
     limit: usize,
-    after: Option<After>,
+    position: Position,
     scope: &ReadScope,
 ) -> Q {
+    let Position { after, offset } = position;
     let mut sql = Sql::new(dialect);
     sql.plan_values_for(f);
     // A filter on one value of one tag (`#p: [me]`, `#h: [channel]`) is
     // served newest-first straight from the tag index, which is ordered by
     // (value, created_at, id): the top `limit` rows without a sort.
+    if let Some(query) = search_of(f) {
+        return select_search(sql, community, f, &query, limit, offset, scope);
+    }
     let driver = if f.ids.as_ref().is_none_or(|s| s.is_empty()) {
         f.generic_tags.iter().find(|(_, values)| values.len() == 1)
     } else {
@@ -524,13 +537,13 @@ pub fn select_events(
         sql.push(" AND e.community_id = ");
         sql.bind(Bind::Text(community.to_string()));
         // The other conditions (this tag's own one is the join's).
-        push_filter(&mut sql, community, f, scope, Some(letter));
+        push_filter(&mut sql, community, f, scope, Some(letter), false);
         push_after(&mut sql, after, "t.event_created_at", "t.event_id");
         sql.push(" ORDER BY t.event_created_at DESC, t.event_id ASC LIMIT ");
     } else {
         sql.push("SELECT e.raw, e.created_at, e.id FROM events e WHERE e.community_id = ");
         sql.bind(Bind::Text(community.to_string()));
-        push_filter(&mut sql, community, f, scope, None);
+        push_filter(&mut sql, community, f, scope, None, false);
         push_after(&mut sql, after, "e.created_at", "e.id");
         sql.push(" ORDER BY e.created_at DESC, e.id ASC LIMIT ");
     }
@@ -545,6 +558,97 @@ pub fn select_events(
     sql.into_q()
 }
 
+/// Where a filter's next page starts: after an event in REQ order (plain
+/// filters), or after `offset` rows in rank order (search filters).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Position {
+    pub after: Option<After>,
+    pub offset: usize,
+}
+
+/// The filter's NIP-50 query, when it has words (a search of only
+/// extensions, or of nothing, constrains nothing).
+pub fn search_of(f: &Filter) -> Option<protocol::search::Query> {
+    let query = protocol::search::Query::parse(f.search.as_deref()?);
+    (!query.is_empty()).then_some(query)
+}
+
+/// The PostgreSQL text search vector of an event, as its index is built
+/// (migration 0013); a query must write it the same way to use the index.
+const PG_SEARCH_VECTOR: &str = "to_tsvector('simple'::regconfig, (e.raw::json) ->> 'content')";
+
+impl Sql {
+    /// `AND <event matches query>`.
+    fn search_condition(&mut self, query: &protocol::search::Query) {
+        match self.dialect {
+            Dialect::Sqlite => {
+                self.push(" AND e.seq IN (SELECT rowid FROM event_search WHERE event_search MATCH ");
+                self.bind(Bind::Text(query.fts5()));
+                self.push(")");
+            }
+            Dialect::Postgres => {
+                self.push(" AND ");
+                self.push(PG_SEARCH_VECTOR);
+                self.push(" @@ plainto_tsquery('simple'::regconfig, ");
+                self.bind(Bind::Text(query.plain()));
+                self.push(")");
+            }
+        }
+    }
+}
+
+/// A search filter's page: ranked (SQLite FTS5's bm25, PostgreSQL's
+/// `ts_rank`), then newest first, `offset` rows on.
+fn select_search(
+    mut sql: Sql,
+    community: &str,
+    f: &Filter,
+    query: &protocol::search::Query,
+    limit: usize,
+    offset: usize,
+    scope: &ReadScope,
+) -> Q {
+    match sql.dialect {
+        Dialect::Sqlite => {
+            sql.push(
+                "SELECT e.raw, e.created_at, e.id FROM event_search JOIN events e \
+                 ON e.seq = event_search.rowid WHERE event_search MATCH ",
+            );
+            sql.bind(Bind::Text(query.fts5()));
+            sql.push(" AND e.community_id = ");
+            sql.bind(Bind::Text(community.to_string()));
+            push_filter(&mut sql, community, f, scope, None, true);
+            sql.push(" ORDER BY event_search.rank, e.created_at DESC, e.id ASC");
+        }
+        Dialect::Postgres => {
+            sql.push("SELECT e.raw, e.created_at, e.id FROM events e WHERE e.community_id = ");
+            sql.bind(Bind::Text(community.to_string()));
+            push_filter(&mut sql, community, f, scope, None, false);
+            sql.push(" ORDER BY ts_rank(");
+            sql.push(PG_SEARCH_VECTOR);
+            sql.push(", plainto_tsquery('simple'::regconfig, ");
+            sql.bind(Bind::Text(query.plain()));
+            sql.push(")) DESC, e.created_at DESC, e.id ASC");
+        }
+    }
+    // Both numbers are the relay's own (the clamped limit, rows it read).
+    let rows = limit.saturating_sub(offset);
+    write!(sql.q.sql, " LIMIT {rows} OFFSET {offset}").expect("writing to a String cannot fail");
+    sql.into_q()
+}
+
+/// `SELECT created_at, id` of at most `max` events matching `f` (its
+/// `limit` aside), in no order: a NIP-77 sync's set.
+pub fn select_items(dialect: Dialect, community: &str, f: &Filter, max: usize, scope: &ReadScope) -> Q {
+    let mut sql = Sql::new(dialect);
+    sql.push("SELECT e.created_at, e.id FROM events e WHERE e.community_id = ");
+    sql.bind(Bind::Text(community.to_string()));
+    sql.plan_values_for(f);
+    push_filter(&mut sql, community, f, scope, None, false);
+    write!(sql.q.sql, " LIMIT {max}").expect("writing to a String cannot fail");
+    sql.into_q()
+}
+
 /// `SELECT COUNT(*)` of the distinct events matching any filter.
 pub fn count_events(dialect: Dialect, community: &str, filters: &[Filter], scope: &ReadScope) -> Q {
     let mut sql = Sql::new(dialect);
@@ -556,7 +660,7 @@ pub fn count_events(dialect: Dialect, community: &str, filters: &[Filter], scope
         sql.push("SELECT e.id FROM events e WHERE e.community_id = ");
         sql.bind(Bind::Text(community.to_string()));
         sql.plan_values_for(f);
-        push_filter(&mut sql, community, f, scope, None);
+        push_filter(&mut sql, community, f, scope, None, false);
     }
     sql.push(") AS matched");
     sql.into_q()
@@ -598,10 +702,10 @@ mod tests {
         }
         let pk = Keys::generate().public_key();
         let f = Filter::new().author(pk).since(1.into());
-        let sqlite = select_events(Dialect::Sqlite, "c", &f, 50, None, &scope());
+        let sqlite = select_events(Dialect::Sqlite, "c", &f, 50, Position::default(), &scope());
         assert!(!sqlite.sql.contains('$'), "{}", sqlite.sql);
         assert_eq!(sqlite.sql.matches('?').count(), sqlite.binds.len());
-        let pg = select_events(Dialect::Postgres, "c", &f, 50, None, &scope());
+        let pg = select_events(Dialect::Postgres, "c", &f, 50, Position::default(), &scope());
         let last = format!("${}", pg.binds.len());
         assert!(pg.sql.contains(&last) && !pg.sql.contains('?'), "{}", pg.sql);
     }
@@ -620,7 +724,7 @@ mod tests {
                 .kinds([Kind::from_u16(1), Kind::from_u16(7)]),
         ] {
             assert!(!plan_depends_on_values(&f), "{f:?}");
-            let s = select_events(Dialect::Postgres, "c", &f, 50, None, &scope());
+            let s = select_events(Dialect::Postgres, "c", &f, 50, Position::default(), &scope());
             assert!(!s.sql.contains("::bytea"), "values bound, not written: {}", s.sql);
         }
     }
@@ -635,16 +739,37 @@ mod tests {
         for f in [&two_kinds, &author_and_kind, &tag_and_kind] {
             assert!(plan_depends_on_values(f), "{f:?}");
         }
-        let s = select_events(Dialect::Postgres, "c", &two_kinds, 50, None, &scope());
+        let s = select_events(
+            Dialect::Postgres,
+            "c",
+            &two_kinds,
+            50,
+            Position::default(),
+            &scope(),
+        );
         assert!(s.sql.contains("e.kind IN (30023,30024)"), "{}", s.sql);
-        let s = select_events(Dialect::Postgres, "c", &author_and_kind, 50, None, &scope());
+        let s = select_events(
+            Dialect::Postgres,
+            "c",
+            &author_and_kind,
+            50,
+            Position::default(),
+            &scope(),
+        );
         let author = format!("e.pubkey IN ('\\x{}'::bytea)", pk.to_hex());
         assert!(
             s.sql.contains(&author) && s.sql.contains("e.kind IN (0)"),
             "{}",
             s.sql
         );
-        let s = select_events(Dialect::Postgres, "c", &tag_and_kind, 50, None, &scope());
+        let s = select_events(
+            Dialect::Postgres,
+            "c",
+            &tag_and_kind,
+            50,
+            Position::default(),
+            &scope(),
+        );
         let hash = format!(
             "t.value_hash = '\\x{}'::bytea",
             hex::encode(value_hash(&pk.to_hex()))
@@ -655,7 +780,14 @@ mod tests {
             .binds
             .iter()
             .any(|b| matches!(b, Bind::Text(v) if *v == pk.to_hex())));
-        let s = select_events(Dialect::Sqlite, "c", &author_and_kind, 50, None, &scope());
+        let s = select_events(
+            Dialect::Sqlite,
+            "c",
+            &author_and_kind,
+            50,
+            Position::default(),
+            &scope(),
+        );
         assert!(
             !s.sql.contains("::bytea") && !s.sql.contains("IN (0)"),
             "{}",

@@ -291,12 +291,33 @@ impl Store for SqlStore {
                 end: true,
             });
         }
-        let q = sql::select_events(self.dialect(), community, filter, page.limit, page.after, scope);
+        let q = sql::select_events(
+            self.dialect(),
+            community,
+            filter,
+            page.limit,
+            page.position,
+            scope,
+        );
         let (rows, end) = self.pool.query_page(q, page.rows, page.max_bytes).await?;
         Ok(PageRows {
             events: stored(rows)?,
             end,
         })
+    }
+
+    async fn sync_items(
+        &self,
+        community: &str,
+        filter: &Filter,
+        scope: &ReadScope,
+        max: usize,
+    ) -> Result<Vec<(u64, [u8; 32])>, StoreError> {
+        let q = sql::select_items(self.dialect(), community, filter, max, scope);
+        let rows = self.pool.query_all(q).await?;
+        rows.iter()
+            .map(|r| Ok((u64::try_from(r.int(0)?).unwrap_or(0), r.id32("id")?)))
+            .collect()
     }
 
     async fn count(&self, community: &str, filters: &[Filter], scope: &ReadScope) -> Result<u64, StoreError> {

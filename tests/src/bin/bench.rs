@@ -31,7 +31,7 @@ struct Args {
     /// Another relay to run the same load against (ingest, query, fan-out).
     #[arg(long)]
     peer: Option<String>,
-    /// Figures to run (comma separated): ingest,query,fanout,delivery,pipeline,memory.
+    /// Figures to run (comma separated): ingest,query (with search and sync),fanout,delivery,pipeline,memory.
     #[arg(long, default_value = "ingest,query,fanout,delivery,pipeline,memory")]
     only: String,
     /// Extra environment of the measured relay (`KEY=VALUE`, repeatable),
@@ -261,10 +261,18 @@ async fn ingest(targets: &[Target], rounds: usize, quick: bool, window: usize) {
     }
 }
 
+/// Words of the preloaded contents: each event holds two of them, so one
+/// word is in about 0.2% of the store (2,000 of a million events).
+const VOCABULARY: usize = 1000;
+
+/// What the preload stored: its authors, its channels, and the
+/// `(created_at, id)` of its kind 7 events (the sync figure's set).
+type Preloaded = (Vec<Keys>, Vec<String>, Vec<(u64, [u8; 32])>);
+
 /// Fills a store for the query figure: `n` events over 1000 authors, kinds
 /// 1/7/9, `p` tags over 1000 pubkeys, `h` tags over 20 channels, a day of
-/// timestamps.
-async fn preload(url: &str, n: usize, channels_owner: &Keys) -> (Vec<Keys>, Vec<String>) {
+/// timestamps, two words of [`VOCABULARY`] in each content.
+async fn preload(url: &str, n: usize, channels_owner: &Keys) -> Preloaded {
     let authors: Vec<Keys> = (0..1000).map(|_| Keys::generate()).collect();
     let channels: Vec<String> = (0..20).map(|i| format!("bench-{i}")).collect();
     // Channels (the owner creates them; kind 1 in them needs no membership).
@@ -303,6 +311,7 @@ async fn preload(url: &str, n: usize, channels_owner: &Keys) -> (Vec<Keys>, Vec<
     let pks: Vec<String> = authors.iter().map(|k| k.public_key().to_hex()).collect();
     let chunk = 50_000;
     let mut done = 0;
+    let mut kind7 = Vec::new();
     while done < n {
         let m = chunk.min(n - done);
         let events: Vec<Event> = (done..done + m)
@@ -318,13 +327,20 @@ async fn preload(url: &str, n: usize, channels_owner: &Keys) -> (Vec<Keys>, Vec<
                         [channels[rng.random_range(0..channels.len())].as_str()],
                     ));
                 }
-                EventBuilder::new(Kind::from_u16(kind), format!("preload {i}"))
+                let (w1, w2) = (rng.random_range(0..VOCABULARY), rng.random_range(0..VOCABULARY));
+                EventBuilder::new(Kind::from_u16(kind), format!("preload {i} w{w1} w{w2}"))
                     .tags(tags)
                     .custom_created_at(Timestamp::from_secs(now - rng.random_range(0..86_400)))
                     .finalize(k)
                     .unwrap()
             })
             .collect();
+        kind7.extend(
+            events
+                .iter()
+                .filter(|e| e.kind.as_u16() == 7)
+                .map(|e| (e.created_at.as_secs(), e.id.to_bytes())),
+        );
         let mut parts: Vec<Vec<Event>> = vec![Vec::new(); 16];
         for (i, e) in events.into_iter().enumerate() {
             parts[i % 16].push(e);
@@ -339,7 +355,7 @@ async fn preload(url: &str, n: usize, channels_owner: &Keys) -> (Vec<Keys>, Vec<
         done += m;
         eprintln!("  preloaded {done}/{n}");
     }
-    (authors, channels)
+    (authors, channels, kind7)
 }
 
 /// One REQ, timed from send to EOSE; `None` when no EOSE (or CLOSED) came
@@ -420,14 +436,18 @@ async fn query(
     }
     settle(&ours.store);
     let now = Timestamp::now().as_secs();
-    let kinds = ["author", "kind", "#p", "#h", "time range"];
+    let kinds = ["author", "kind", "#p", "#h", "time range", "search"];
     let per_round = if quick { 200 } else { 1000 };
     for kind in kinds {
         let mut rates = Vec::new();
         let mut p50s = Vec::new();
         let mut p99s = Vec::new();
         for (ti, t) in targets.iter().enumerate() {
-            let (authors, channels) = &data[ti];
+            if kind == "search" && ti > 0 {
+                // NIP-50 is not a shape every peer serves: ours only.
+                continue;
+            }
+            let (authors, channels, _) = &data[ti];
             let (mut rate_v, mut p50_v, mut p99_v) = (Vec::new(), Vec::new(), Vec::new());
             // Round 0 is a warm-up, not counted: the first time a query
             // shape runs on each of the relay's pooled database connections
@@ -455,6 +475,10 @@ async fn query(
                                     "kind" => json!({"kinds": [7], "limit": 50}),
                                     "#p" => json!({"#p": [authors.choose(&mut rng).unwrap()], "limit": 50}),
                                     "#h" => json!({"#h": [channels.choose(&mut rng).unwrap()], "limit": 50}),
+                                    "search" => {
+                                        let w = rng.random_range(0..VOCABULARY);
+                                        json!({"search": format!("w{w}"), "limit": 50})
+                                    }
                                     _ => {
                                         let since = now - rng.random_range(3_600..86_400);
                                         json!({"since": since, "until": since + 600, "limit": 50})
@@ -530,6 +554,73 @@ async fn query(
             false,
         );
     }
+    sync_figure(&targets[0].url, &data[0].2, rounds).await;
+}
+
+/// NIP-77: a client holding the store's kind 7 events but every 100th
+/// reconciles with the relay (`negentropy` crate on both ends), from
+/// NEG-OPEN to the last message; ours only.
+async fn sync_figure(url: &str, kind7: &[(u64, [u8; 32])], rounds: usize) {
+    use negentropy::{Id, Negentropy, NegentropyStorageVector};
+    let mut times = Vec::new();
+    let (mut exchanges, mut missing) = (0, 0);
+    for round in 0..=rounds {
+        let mut storage = NegentropyStorageVector::with_capacity(kind7.len());
+        for (i, (at, id)) in kind7.iter().enumerate() {
+            if i % 100 != 0 {
+                storage.insert(*at, Id::from_byte_array(*id)).unwrap();
+            }
+        }
+        storage.seal().unwrap();
+        let mut client = Negentropy::owned(storage, 0).unwrap();
+        let mut ws = connect(url).await;
+        let start = Instant::now();
+        let first = client.initiate().unwrap();
+        let sub = format!("sync{round}");
+        ws.send(Message::Text(
+            json!(["NEG-OPEN", sub, {"kinds": [7]}, hex::encode(first)])
+                .to_string()
+                .into(),
+        ))
+        .await
+        .unwrap();
+        let (mut have, mut need) = (Vec::new(), Vec::new());
+        exchanges = 0;
+        while let Some(v) = next_json(&mut ws).await {
+            if v[1] != sub.as_str() {
+                continue;
+            }
+            if v[0] != "NEG-MSG" {
+                eprintln!("sync refused: {v}");
+                return;
+            }
+            exchanges += 1;
+            let msg = hex::decode(v[2].as_str().unwrap_or_default()).unwrap();
+            match client.reconcile_with_ids(&msg, &mut have, &mut need).unwrap() {
+                Some(next) => ws
+                    .send(Message::Text(
+                        json!(["NEG-MSG", sub, hex::encode(next)]).to_string().into(),
+                    ))
+                    .await
+                    .unwrap(),
+                None => break,
+            }
+        }
+        missing = need.len();
+        if round > 0 {
+            times.push(start.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
+    report(
+        &format!(
+            "sync {} kind 7 events, 1% missing ({missing} found, {exchanges} messages)",
+            kind7.len()
+        ),
+        median(times),
+        None,
+        "ms",
+        false,
+    );
 }
 
 async fn fanout(targets: &[Target], rounds: usize, quick: bool) {
