@@ -107,10 +107,11 @@ pub fn check(event: &Event, raw_len: usize, rules: &Rules<'_>) -> Result<(), Ref
     }
     check_tags(event, l)?;
     let created = event.created_at.as_secs();
-    if created > rules.now.saturating_add(l.max_future_secs) {
-        return Err(Refusal::TooFarAhead {
-            max_secs: l.max_future_secs,
-        });
+    if let Some(max_secs) = l
+        .max_future_secs
+        .filter(|&max| created > rules.now.saturating_add(max))
+    {
+        return Err(Refusal::TooFarAhead { max_secs });
     }
     if i64::try_from(created).is_err() {
         return Err(Refusal::CreatedAtOutOfRange);

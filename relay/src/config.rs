@@ -239,8 +239,11 @@ pub struct Limits {
     pub max_inflight_events: usize,
     /// Bytes queued for a connection before it is disconnected as a slow reader.
     pub max_outbound_bytes: usize,
-    /// How far in the future `created_at` may be.
-    pub max_future_secs: u64,
+    /// How far in the future `created_at` may be; unset: no bound (NIP-01
+    /// sets none, and clients date events ahead on purpose). 900 refuses
+    /// what is more than 15 minutes ahead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_future_secs: Option<u64>,
     /// How old a NIP-42 AUTH event may be.
     pub auth_max_age_secs: u64,
     /// Largest HTTP request body (NIP-98 API calls).
@@ -303,7 +306,7 @@ impl Default for Limits {
             events_burst: 200,
             max_inflight_events: 256,
             max_outbound_bytes: 8 * 1024 * 1024,
-            max_future_secs: 900,
+            max_future_secs: None,
             auth_max_age_secs: 600,
             fanout_buffer_events: 16_384,
             max_http_body_bytes: 1024 * 1024,

@@ -19,7 +19,7 @@ use crate::http::{error, limited, Authed, Tenant};
 use crate::state::AppState;
 
 /// Supported NIPs, as advertised in NIP-11.
-pub const SUPPORTED_NIPS: &[u16] = &[1, 4, 9, 11, 17, 29, 40, 42, 45, 50, 59, 65, 70, 77, 86, 98];
+pub const SUPPORTED_NIPS: &[u16] = &[1, 4, 9, 11, 17, 29, 40, 42, 45, 50, 59, 65, 70, 77, 86, 94, 98];
 
 /// Builds the router.
 pub fn router(state: Arc<AppState>) -> Router {

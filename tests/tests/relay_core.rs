@@ -785,7 +785,13 @@ async fn limits_are_enforced(backend: Backend) {
 }
 
 async fn malformed_input_answers(backend: Backend) {
-    let relay = Relay::start(&backend);
+    let relay = Relay::start_opts(
+        &backend,
+        RelayOptions {
+            config_toml: "[limits]\nmax_future_secs = 900\n".into(),
+            ..Default::default()
+        },
+    );
     let mut c = Client::connect(&relay.ws_url()).await;
     let k = Keys::generate();
     for bad in [
@@ -824,10 +830,14 @@ async fn malformed_input_answers(backend: Backend) {
         .await;
     let (ok, msg) = c.wait_ok(&good.id.to_hex()).await;
     assert!(!ok && msg.starts_with("invalid:"), "{msg}");
-    // Far future created_at.
+    // Far future created_at (`max_future_secs` set; unset, no bound).
     let future = event_at(&k, 1, "future", &[], now() + 3600);
     let (ok, msg) = c.publish(&future).await;
     assert!(!ok && msg.starts_with("invalid:"), "{msg}");
+    let unbounded = Relay::start(&backend);
+    let mut open = Client::connect(&unbounded.ws_url()).await;
+    open.publish_ok(&event_at(&k, 1, "next year", &[], now() + 366 * 86_400))
+        .await;
     // The connection survived all of it.
     c.publish_ok(&good).await;
     let (ok, msg) = c.publish(&good).await;
