@@ -4,5 +4,10 @@
 -- expression index: no column to keep in step, and every partition gets
 -- it. Queries must write the expression exactly as here
 -- (`store::sql::PG_SEARCH_VECTOR`) to use it.
+--
+-- `->>` turns a JSON string into text and fails on the escape `\u0000`
+-- (text holds no NUL), which NIP-01 content may carry; each `\u0000` is
+-- read as `\u0020` (a space) first. The swap keeps the JSON valid even
+-- where those six characters follow an escaped backslash.
 CREATE INDEX events_search ON events
-    USING GIN (to_tsvector('simple'::regconfig, (raw::json) ->> 'content'));
+    USING GIN (to_tsvector('simple'::regconfig, (replace(raw, '\u0000', '\u0020')::json) ->> 'content'));

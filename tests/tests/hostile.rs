@@ -246,7 +246,14 @@ fn reply(
 }
 
 async fn finish_replies_meet_event_admission(backend: Backend) {
-    let relay = Relay::start(&backend);
+    // A bound on future created_at (none by default), to show a reply meets it.
+    let relay = Relay::start_opts(
+        &backend,
+        RelayOptions {
+            config_toml: "[limits]\nmax_future_secs = 900\n".into(),
+            ..Default::default()
+        },
+    );
     let mut fx = Fixture::new(&relay, "desk", 1).await;
     fx.define("w", &on_message(&format!("{} look", fx.mention(0))))
         .await;

@@ -575,7 +575,8 @@ pub fn search_of(f: &Filter) -> Option<protocol::search::Query> {
 
 /// The PostgreSQL text search vector of an event, as its index is built
 /// (migration 0013); a query must write it the same way to use the index.
-const PG_SEARCH_VECTOR: &str = "to_tsvector('simple'::regconfig, (e.raw::json) ->> 'content')";
+const PG_SEARCH_VECTOR: &str =
+    "to_tsvector('simple'::regconfig, (replace(e.raw, '\\u0000', '\\u0020')::json) ->> 'content')";
 
 impl Sql {
     /// `AND <event matches query>`.
