@@ -195,10 +195,16 @@ mod tests {
     fn each_rule_refuses_with_its_code() {
         let (me, relay) = (Keys::generate(), Keys::generate());
         let rk = relay.public_key();
-        let l = Limits::default();
+        let l = Limits {
+            max_future_secs: Some(900),
+            ..Limits::default()
+        };
         let now = 1_000_000;
         let ok = signed(&me, 1, vec![vec!["h", "a"]], now);
         assert_eq!(checked(&ok, &rk, &l), Ok(()));
+        // No bound by default: ten years ahead is accepted.
+        let ahead = signed(&me, 1, vec![], now + 10 * 365 * 86_400);
+        assert_eq!(checked(&ahead, &rk, &Limits::default()), Ok(()));
         let cases: Vec<(Event, &str)> = vec![
             (
                 signed(&me, 9, vec![vec!["h", "a"], vec!["h", "b"]], now),

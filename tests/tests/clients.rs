@@ -22,6 +22,7 @@ backend_tests!(
     negentropy_reconciles_without_downloading,
     access_control_per_community,
     empty_tags_are_kept_and_id_subscriptions_close,
+    nip29_roles_invites_deletes_and_previous,
 );
 
 fn f(filter: Filter) -> Value {
@@ -575,4 +576,91 @@ async fn empty_tags_are_kept_and_id_subscriptions_close(backend: Backend) {
     let later = event(&k, 1, "later", &[]);
     c.publish_ok(&later).await;
     assert_eq!(c.next_event("open").await.id, later.id);
+}
+
+/// The channel's relay-signed event of `kind` (39000-39003), its tags.
+async fn metadata(c: &mut Client, kind: u16, channel: &str) -> Vec<Vec<String>> {
+    let got = c
+        .req("meta", vec![json!({"kinds": [kind], "#d": [channel]})])
+        .await
+        .events();
+    assert_eq!(got.len(), 1, "one current {kind}");
+    got[0].tags.iter().map(|t| t.as_slice().to_vec()).collect()
+}
+
+fn lists(tags: &[Vec<String>], name: &str, value: &str) -> bool {
+    tags.iter()
+        .any(|t| t.first().is_some_and(|n| n == name) && t.get(1).is_some_and(|v| v == value))
+}
+
+async fn nip29_roles_invites_deletes_and_previous(backend: Backend) {
+    let relay = Relay::start(&backend);
+    let (admin, alice, bob) = (Keys::generate(), Keys::generate(), Keys::generate());
+    let mut a = Client::connect(&relay.ws_url()).await;
+    a.auth(&admin).await;
+    let h: &[&str] = &["h", "club"];
+    a.publish_ok(&event(&admin, 9007, "", &[h, &["closed"]])).await;
+    let roles = metadata(&mut a, 39003, "club").await;
+    assert!(
+        lists(&roles, "role", "admin") && lists(&roles, "role", "member"),
+        "{roles:?}"
+    );
+    let meta = metadata(&mut a, 39000, "club").await;
+    assert!(
+        meta.iter().any(|t| t == &["closed"]) && meta.iter().any(|t| t == &["public"]),
+        "{meta:?}"
+    );
+
+    // Invites: only admins create them; a join with one enters at once.
+    let mut al = Client::connect(&relay.ws_url()).await;
+    al.auth(&alice).await;
+    let (ok, msg) = al
+        .publish(&event(&alice, 9009, "", &[h, &["code", "sesame"]]))
+        .await;
+    assert!(!ok && msg.starts_with("restricted:"), "{msg}");
+    let (ok, msg) = a.publish(&event(&admin, 9009, "", &[h])).await;
+    assert!(
+        !ok && msg.starts_with("invalid:"),
+        "an invite needs a code: {msg}"
+    );
+    a.publish_ok(&event(&admin, 9009, "", &[h, &["code", "sesame"]]))
+        .await;
+    al.publish_ok(&event(&alice, 9021, "", &[h, &["code", "sesame"]]))
+        .await;
+    let members = metadata(&mut a, 39002, "club").await;
+    assert!(lists(&members, "p", &alice.public_key().to_hex()), "{members:?}");
+    // Without a code (or with a wrong one) a join waits for an admin.
+    let mut b = Client::connect(&relay.ws_url()).await;
+    b.auth(&bob).await;
+    b.publish_ok(&event(&bob, 9021, "", &[h, &["code", "guess"]]))
+        .await;
+    assert!(!lists(
+        &metadata(&mut a, 39002, "club").await,
+        "p",
+        &bob.public_key().to_hex()
+    ));
+    let (ok, msg) = b.publish(&event(&bob, 9, "hi", &[h])).await;
+    assert!(!ok && msg.starts_with("restricted:"), "{msg}");
+
+    // `previous`: the first 8 hex characters of recent events of the channel.
+    let m1 = event(&alice, 9, "first", &[h]);
+    al.publish_ok(&m1).await;
+    let prefix = &m1.id.to_hex()[..8];
+    al.publish_ok(&event(&alice, 9, "second", &[h, &["previous", prefix]]))
+        .await;
+    let (ok, msg) = al
+        .publish(&event(&alice, 9, "forked", &[h, &["previous", "deadbeef"]]))
+        .await;
+    assert!(!ok && msg.starts_with("invalid:"), "{msg}");
+
+    // 9005: admins delete an event of the channel; members may not.
+    let target = json!({"ids": [m1.id.to_hex()]});
+    let (ok, msg) = al
+        .publish(&event(&alice, 9005, "", &[h, &["e", &m1.id.to_hex()]]))
+        .await;
+    assert!(!ok && msg.starts_with("restricted:"), "{msg}");
+    assert_eq!(al.req("m", vec![target.clone()]).await.events().len(), 1);
+    a.publish_ok(&event(&admin, 9005, "", &[h, &["e", &m1.id.to_hex()]]))
+        .await;
+    assert!(al.req("m2", vec![target]).await.events().is_empty());
 }

@@ -1,6 +1,6 @@
 //! NIP-29 channel rules, applied inside the transaction that stores the
-//! event, and the relay-signed metadata (39000/39001/39002) kept current in
-//! that same transaction.
+//! event, and the relay-signed metadata (39000-39003) kept current in that
+//! same transaction.
 //!
 //! Every change to one channel is serialised by a lock on the channel, so
 //! membership decisions and metadata never interleave across processes.
@@ -16,8 +16,9 @@ use super::{InsertOutcome, StoreError};
 use crate::config::ChannelPolicy;
 
 pub use protocol::nip29::{
-    changes_channel, h_tag, CREATE_GROUP, DELETE_GROUP, EDIT_METADATA, GROUP_ADMINS, GROUP_MEMBERS,
-    GROUP_METADATA, JOIN_REQUEST, LEAVE_REQUEST, MAX_CHANNEL_ID_BYTES, PUT_USER, REMOVE_USER,
+    changes_channel, h_tag, CREATE_GROUP, CREATE_INVITE, DELETE_EVENT, DELETE_GROUP, EDIT_METADATA,
+    GROUP_ADMINS, GROUP_MEMBERS, GROUP_METADATA, GROUP_ROLES, JOIN_REQUEST, LEAVE_REQUEST,
+    MAX_CHANNEL_ID_BYTES, MAX_INVITE_CODE_BYTES, PREVIOUS_WINDOW, PUT_USER, REMOVE_USER,
 };
 
 /// A member's role.
@@ -243,7 +244,7 @@ fn plan(
         (Some(c), LEAVE_REQUEST) if !c.is_member(author) => {
             Plan::Reject(format!("invalid: not a member of channel {channel}"))
         }
-        (Some(c), PUT_USER | REMOVE_USER | EDIT_METADATA | DELETE_GROUP)
+        (Some(c), PUT_USER | REMOVE_USER | EDIT_METADATA | DELETE_EVENT | DELETE_GROUP | CREATE_INVITE)
             if c.role_of(author) != Some(Role::Admin) =>
         {
             Plan::Reject(format!(
@@ -297,6 +298,14 @@ pub async fn apply(
         Plan::Duplicate => return Ok((InsertOutcome::Duplicate, Vec::new())),
         Plan::Apply => {}
     }
+    if kind == CREATE_INVITE && invite_code(event).is_none() {
+        return rejected(format!(
+            "invalid: an invite (9009) needs a code tag of 1 to {MAX_INVITE_CODE_BYTES} bytes"
+        ));
+    }
+    if let Some(msg) = check_previous(tx, community, &channel, event).await? {
+        return rejected(msg);
+    }
     let outcome = super::workflows::insert_event(tx, community, event, raw, Some(&channel)).await?;
     if outcome != InsertOutcome::Stored {
         return Ok((outcome, Vec::new()));
@@ -304,7 +313,16 @@ pub async fn apply(
     if let Some(msg) = workflow_effects(tx, community, keys, event, &channel).await? {
         return rejected(msg);
     }
-    let changed = change_state(tx, community, &channel, event, current.as_ref(), now).await?;
+    let changed = change_state(
+        tx,
+        community,
+        &keys.public_key(),
+        &channel,
+        event,
+        current.as_ref(),
+        now,
+    )
+    .await?;
     let mut published: Published = vec![(event.clone(), raw.to_string())];
     if changed.meta || changed.admins || changed.members {
         debug_assert!(
@@ -358,12 +376,17 @@ async fn workflow_effects(
 async fn change_state(
     tx: &mut Tx<'_>,
     community: &str,
+    relay_key: &PublicKey,
     channel: &str,
     event: &Event,
     current: Option<&ChannelView>,
     now: i64,
 ) -> Result<Changed, StoreError> {
     let author = event.pubkey;
+    // A join to a closed channel waits for an admin, unless it has an invite.
+    let waits = event.kind.as_u16() == JOIN_REQUEST
+        && current.is_some_and(|c| c.closed)
+        && !invited(tx, community, channel, event).await?;
     let both = Changed {
         admins: true,
         members: true,
@@ -374,7 +397,7 @@ async fn change_state(
             create(tx, community, channel, event, now).await?;
             Changed { meta: true, ..both }
         }
-        JOIN_REQUEST if current.is_some_and(|c| c.closed) => {
+        JOIN_REQUEST if waits => {
             request_to_join(tx, community, channel, &author, now).await?;
             Changed::default()
         }
@@ -421,6 +444,26 @@ async fn change_state(
                 ..Changed::default()
             }
         }
+        DELETE_EVENT => {
+            delete_events(tx, community, relay_key, channel, event).await?;
+            Changed::default()
+        }
+        CREATE_INVITE => {
+            let code = invite_code(event).expect("checked before applying");
+            tx.exec(
+                Q::new(
+                    "INSERT INTO channel_invites (community_id, channel_id, code, created_by, created_at) \
+                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+                )
+                .bind(community)
+                .bind(channel)
+                .bind(code)
+                .bind(author.to_bytes())
+                .bind(now),
+            )
+            .await?;
+            Changed::default()
+        }
         DELETE_GROUP => {
             tx.exec(
                 Q::new("UPDATE channels SET deleted = TRUE WHERE community_id = $1 AND id = $2")
@@ -433,6 +476,96 @@ async fn change_state(
         }
         _ => Changed::default(),
     })
+}
+
+/// The `code` tag of an invite (9009) or a join request (9021), when usable.
+fn invite_code(event: &Event) -> Option<&str> {
+    tag_value(event, "code").filter(|c| !c.is_empty() && c.len() <= MAX_INVITE_CODE_BYTES)
+}
+
+/// Whether a join request carries a code an admin created for this channel
+/// (NIP-29: it lets the requester into a closed channel at once).
+async fn invited(tx: &mut Tx<'_>, community: &str, channel: &str, event: &Event) -> Result<bool, StoreError> {
+    let Some(code) = invite_code(event) else {
+        return Ok(false);
+    };
+    let q = Q::new(
+        "SELECT 1 AS found FROM channel_invites WHERE community_id = $1 AND channel_id = $2 AND code = $3",
+    )
+    .bind(community)
+    .bind(channel)
+    .bind(code);
+    Ok(tx.one(q).await?.is_some())
+}
+
+/// A 9005: the events its `e` tags name leave the channel (only events of
+/// this channel; never what the relay signed (its metadata, kept current
+/// by itself; workflow messages, which deliveries refer to), nor a
+/// workflow definition, which its owner deletes with NIP-09 so that its
+/// workflow is retired with it). At most `max_tags_per_event` ids.
+async fn delete_events(
+    tx: &mut Tx<'_>,
+    community: &str,
+    relay_key: &PublicKey,
+    channel: &str,
+    event: &Event,
+) -> Result<(), StoreError> {
+    for id in event.tags.event_ids() {
+        tx.exec(
+            Q::new(
+                "DELETE FROM events WHERE community_id = $1 AND id = $2 AND channel = $3 \
+                 AND pubkey <> $4 AND kind <> $5",
+            )
+            .bind(community)
+            .bind(id.to_bytes())
+            .bind(channel)
+            .bind(relay_key.to_bytes())
+            .bind(i64::from(protocol::workflow::DEFINITION_KIND)),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// NIP-29 `previous` tags: each names (by its first 8 hex characters) one
+/// of the channel's last [`PREVIOUS_WINDOW`] events; an event naming any
+/// other is refused, as it was written against a history this channel
+/// does not have (a fork, or a copy from another relay).
+async fn check_previous(
+    tx: &mut Tx<'_>,
+    community: &str,
+    channel: &str,
+    event: &Event,
+) -> Result<Option<String>, StoreError> {
+    let named: Vec<&str> = event
+        .tags
+        .iter()
+        .filter(|t| t.kind() == "previous")
+        .flat_map(|t| t.as_slice().iter().skip(1).map(String::as_str))
+        .collect();
+    if named.is_empty() {
+        return Ok(None);
+    }
+    let q = Q::new(format!(
+        "SELECT id FROM events WHERE community_id = $1 AND channel = $2 \
+         ORDER BY created_at DESC LIMIT {PREVIOUS_WINDOW}"
+    ))
+    .bind(community)
+    .bind(channel);
+    let recent: Vec<String> = tx
+        .all(q)
+        .await?
+        .iter()
+        .map(|r| r.id32("id").map(hex::encode))
+        .collect::<Result<_, _>>()?;
+    let unknown = named
+        .iter()
+        .find(|p| p.len() < 8 || !recent.iter().any(|id| id.starts_with(&p.to_ascii_lowercase())));
+    Ok(unknown.map(|p| {
+        format!(
+            "invalid: previous {p:?} is not one of the last {PREVIOUS_WINDOW} events of channel {channel}"
+        )
+    }))
 }
 
 /// Creates the channel of a 9007, its author its first admin.
@@ -567,6 +700,20 @@ async fn republish(
             Vec::<String>::new(),
         ));
         events.push(emit(GROUP_METADATA, tags)?);
+        events.push(emit(
+            GROUP_ROLES,
+            vec![
+                d.clone(),
+                Tag::custom(
+                    "role",
+                    [
+                        "admin",
+                        "adds and removes members, edits metadata, deletes events, creates invites",
+                    ],
+                ),
+                Tag::custom("role", ["member", "posts in the channel"]),
+            ],
+        )?);
     }
     let member_tags = |only_admins: bool| -> Vec<Tag> {
         let mut tags = vec![d.clone()];
@@ -607,7 +754,8 @@ mod tests {
 
     use nostr::prelude::{Keys, PublicKey};
     use protocol::nip29::{
-        CREATE_GROUP, DELETE_GROUP, EDIT_METADATA, JOIN_REQUEST, LEAVE_REQUEST, PUT_USER, REMOVE_USER,
+        CREATE_GROUP, CREATE_INVITE, DELETE_EVENT, DELETE_GROUP, EDIT_METADATA, JOIN_REQUEST, LEAVE_REQUEST,
+        PUT_USER, REMOVE_USER,
     };
 
     use super::{plan, ChannelView, Plan, Role};
@@ -705,7 +853,14 @@ mod tests {
             ),
         ];
         let mut all = cases;
-        for k in [PUT_USER, REMOVE_USER, EDIT_METADATA, DELETE_GROUP] {
+        for k in [
+            PUT_USER,
+            REMOVE_USER,
+            EDIT_METADATA,
+            DELETE_EVENT,
+            DELETE_GROUP,
+            CREATE_INVITE,
+        ] {
             all.push(("moderate as an admin", Some(&open), k, &admin, "apply"));
             all.push(("moderate as a member", Some(&open), k, &member, "restricted:"));
             all.push(("moderate as a stranger", Some(&open), k, &stranger, "restricted:"));
