@@ -50,15 +50,13 @@ pub async fn open(
             "blocked: more than {max} events match (max_sync_events); sync a narrower filter"
         ));
     }
-    let session = tokio::task::spawn_blocking(move || build(items))
-        .await
-        .map_err(|_| "error: sync failed".to_string())??;
-    reconcile(session, message).await
+    // One hop to the blocking pool builds the set and answers the first message.
+    on_pool(move || answer(build(items)?, &message)).await
 }
 
 /// Answers one more client message of an open session.
 pub async fn step(session: Box<Session>, message: Vec<u8>) -> Result<(Box<Session>, Vec<u8>), Refused> {
-    reconcile(session, message).await
+    on_pool(move || answer(session, &message)).await
 }
 
 fn build(items: Vec<(u64, [u8; 32])>) -> Result<Box<Session>, Refused> {
@@ -73,11 +71,17 @@ fn build(items: Vec<(u64, [u8; 32])>) -> Result<Box<Session>, Refused> {
     Ok(Box::new(session))
 }
 
-async fn reconcile(mut session: Box<Session>, message: Vec<u8>) -> Result<(Box<Session>, Vec<u8>), Refused> {
-    tokio::task::spawn_blocking(move || {
-        let reply = session.reconcile(&message).map_err(|e| format!("invalid: {e}"))?;
-        Ok((session, reply))
-    })
-    .await
-    .map_err(|_| "error: sync failed".to_string())?
+/// The session's reply to one client message.
+fn answer(mut session: Box<Session>, message: &[u8]) -> Result<(Box<Session>, Vec<u8>), Refused> {
+    let reply = session.reconcile(message).map_err(|e| format!("invalid: {e}"))?;
+    Ok((session, reply))
+}
+
+/// Runs CPU work of a sync on the blocking pool.
+async fn on_pool<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, Refused> + Send + 'static,
+) -> Result<T, Refused> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|_| "error: sync failed".to_string())?
 }
