@@ -314,13 +314,8 @@ impl Conn {
         }
         let scope = self.scope();
         let community = self.community.id.clone();
-        match crate::neg::open(&self.state, &community, &filter, &scope, message).await {
-            Ok((session, reply)) => {
-                self.syncs.insert(sub_id.clone(), session);
-                self.neg_msg(&sub_id, &reply)
-            }
-            Err(why) => Ok(self.neg_err(&sub_id, &why)?),
-        }
+        let answered = crate::neg::open(&self.state, &community, &filter, &scope, message).await;
+        Ok(self.neg_answer(sub_id, answered)?)
     }
 
     /// NIP-77 `NEG-MSG`: the next round of an open session.
@@ -328,17 +323,25 @@ impl Conn {
         let Some(session) = self.syncs.remove(&sub_id) else {
             return Ok(self.neg_err(&sub_id, "closed: no open sync with this id")?);
         };
-        match crate::neg::step(session, message).await {
-            Ok((session, reply)) => {
-                self.syncs.insert(sub_id.clone(), session);
-                self.neg_msg(&sub_id, &reply)
-            }
-            Err(why) => Ok(self.neg_err(&sub_id, &why)?),
-        }
+        let answered = crate::neg::step(session, message).await;
+        Ok(self.neg_answer(sub_id, answered)?)
     }
 
-    fn neg_msg(&self, sub_id: &str, reply: &[u8]) -> Result<(), Stop> {
-        Ok(self.send(json!(["NEG-MSG", sub_id, hex::encode(reply)]))?)
+    /// Sends a session's reply and keeps it open, or its refusal (and it
+    /// is gone).
+    fn neg_answer(
+        &mut self,
+        sub_id: String,
+        answered: Result<(Box<crate::neg::Session>, Vec<u8>), crate::neg::Refused>,
+    ) -> Result<(), Overflow> {
+        match answered {
+            Ok((session, reply)) => {
+                self.send(json!(["NEG-MSG", sub_id, hex::encode(reply)]))?;
+                self.syncs.insert(sub_id, session);
+                Ok(())
+            }
+            Err(why) => self.neg_err(&sub_id, &why),
+        }
     }
 
     fn neg_err(&self, sub_id: &str, why: &str) -> Result<(), Overflow> {
