@@ -78,6 +78,15 @@ pub fn outcome(accepted: bool, message: &str) -> &'static str {
     }
 }
 
+/// Counts `n` delivery transitions to status `to` with `code` (bounded by
+/// [`code_label`]): one call per single transition, one per bulk
+/// cancellation with the rows it changed.
+pub fn count_transitions(to: &'static str, code: &str, n: u64) {
+    if n > 0 {
+        metrics::counter!(TRANSITIONS, "to" => to, "code" => code_label(code)).increment(n);
+    }
+}
+
 /// The code label of a delivery transition: the relay's own codes as
 /// they are, any other (an agent's free text) as `agent`.
 pub fn code_label(code: &str) -> &'static str {

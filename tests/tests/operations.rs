@@ -268,13 +268,20 @@ async fn metrics_move_with_events_deliveries_and_failures(backend: Backend) {
     let mut fx = Fixture::new(&relay, "ops", 1).await;
     let agent = fx.agents[0].clone();
     let text = format!("{} look", fx.mention(0));
-    fx.define("look", &tests::workflow::on_message(&text)).await;
+    let definition = fx.define("look", &tests::workflow::on_message(&text)).await;
     fx.post("something broke").await;
     let d = claim_when_due(&relay, &agent, json!({})).await;
     let id = d["id"].as_str().unwrap().to_string();
     let body = json!({"claim_token": d["claim_token"], "outcome": "failed", "failure_code": "tool_broke"});
     let (status, v) = finish(&relay, &agent, &id, &body).await;
     assert_eq!(status, 200, "{v}");
+    // A second delivery, left pending, is cancelled in bulk when the owner
+    // deletes the workflow (NIP-09): a transition counted like the others.
+    fx.post("something else broke").await;
+    tests::workflow::eventually(|| async { (tests::workflow::deliveries(&relay).len() == 2).then_some(()) })
+        .await;
+    let deletion = tests::event(&fx.owner, 5, "", &[&["e", &definition.id.to_hex()]]);
+    fx.owner_client.publish_ok(&deletion).await;
     // A plain note goes through the event writer's group commit.
     let note = tests::event(&fx.owner, 1, "a note", &[]);
     fx.owner_client.publish_ok(&note).await;
@@ -320,6 +327,13 @@ async fn metrics_move_with_events_deliveries_and_failures(backend: Backend) {
         ),
         1.0
     );
+    assert_eq!(
+        moved(
+            "relay_delivery_transitions_total",
+            &[("to", "cancelled"), ("code", "workflow_disabled")]
+        ),
+        1.0
+    );
     assert_eq!(moved("relay_delivery_wait_seconds", &[]), 1.0);
     assert_eq!(
         value(
@@ -335,7 +349,8 @@ async fn metrics_move_with_events_deliveries_and_failures(backend: Backend) {
             "relay_runs",
             &[("community", "default"), ("status", "completed")]
         ),
-        1.0
+        2.0,
+        "both runs posted their message and completed"
     );
     assert_eq!(
         value(

@@ -772,8 +772,7 @@ async fn transition_row(
 /// Counts a transition in `relay_delivery_transitions_total` (its code as
 /// a bounded label).
 fn counted(to: Status, code: &str) {
-    let code = crate::telemetry::code_label(code);
-    metrics::counter!(crate::telemetry::TRANSITIONS, "to" => to.as_str(), "code" => code).increment(1);
+    crate::telemetry::count_transitions(to.as_str(), code, 1);
 }
 
 /// `claimed -> pending`, due at `next_attempt_at`; the attempt ends with

@@ -1047,7 +1047,7 @@ async fn step_rows(tx: &mut Tx<'_>, c: &StepCtx<'_>) -> Result<Vec<StepRow>, Sto
 /// Cancels the current step's open rows (an `any` step answered, or the
 /// step timed out): their holders' finishes then answer 410.
 async fn cancel_open_rows(tx: &mut Tx<'_>, c: &StepCtx<'_>, code: &str) -> Result<(), StoreError> {
-    tx.exec(
+    let cancelled = tx.exec(
         Q::new(format!(
             "UPDATE workflow_agent_deliveries SET status = 'cancelled', failure_code = $4, claim_token = NULL, \
              updated_at = $5 WHERE community_id = $1 AND run_id = $2 AND step_id = $3 AND {ACTIVE_ROWS}"
@@ -1059,6 +1059,7 @@ async fn cancel_open_rows(tx: &mut Tx<'_>, c: &StepCtx<'_>, code: &str) -> Resul
         .bind(c.now),
     )
     .await?;
+    crate::telemetry::count_transitions("cancelled", code, cancelled);
     Ok(())
 }
 
@@ -1470,16 +1471,18 @@ pub async fn cancel_by(tx: &mut Tx<'_>, community: &str, run_id: &str, why: &str
         Some(Failure::new("cancelled", why)),
     )
     .await?;
-    tx.exec(
-        Q::new(format!(
-            "UPDATE workflow_agent_deliveries SET status = 'cancelled', failure_code = 'run_cancelled', \
+    let cancelled = tx
+        .exec(
+            Q::new(format!(
+                "UPDATE workflow_agent_deliveries SET status = 'cancelled', failure_code = 'run_cancelled', \
              claim_token = NULL, updated_at = $3 WHERE community_id = $1 AND run_id = $2 AND {ACTIVE_ROWS}"
-        ))
-        .bind(community)
-        .bind(run_id)
-        .bind(now),
-    )
-    .await?;
+            ))
+            .bind(community)
+            .bind(run_id)
+            .bind(now),
+        )
+        .await?;
+    crate::telemetry::count_transitions("cancelled", "run_cancelled", cancelled);
     Ok(())
 }
 

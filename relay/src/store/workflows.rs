@@ -262,17 +262,19 @@ pub async fn cancel_workflow(tx: &mut Tx<'_>, community: &str, workflow_id: &str
         .bind(now),
     )
     .await?;
-    tx.exec(
-        Q::new(format!(
+    let cancelled = tx
+        .exec(
+            Q::new(format!(
             "UPDATE workflow_agent_deliveries SET status = 'cancelled', failure_code = 'workflow_disabled', \
              claim_token = NULL, updated_at = $3 \
              WHERE community_id = $1 AND workflow_id = $2 AND {ACTIVE_ROWS}"
         ))
-        .bind(community)
-        .bind(workflow_id)
-        .bind(now),
-    )
-    .await?;
+            .bind(community)
+            .bind(workflow_id)
+            .bind(now),
+        )
+        .await?;
+    crate::telemetry::count_transitions("cancelled", "workflow_disabled", cancelled);
     Ok(())
 }
 
@@ -350,17 +352,19 @@ pub async fn cancel_channel(tx: &mut Tx<'_>, community: &str, channel: &str) -> 
         .bind(now),
     )
     .await?;
-    tx.exec(
-        Q::new(format!(
+    let cancelled = tx
+        .exec(
+            Q::new(format!(
             "UPDATE workflow_agent_deliveries SET status = 'cancelled', failure_code = 'channel_deleted', \
              claim_token = NULL, updated_at = $3 \
              WHERE community_id = $1 AND channel = $2 AND {ACTIVE_ROWS}"
         ))
-        .bind(community)
-        .bind(channel)
-        .bind(now),
-    )
-    .await?;
+            .bind(community)
+            .bind(channel)
+            .bind(now),
+        )
+        .await?;
+    crate::telemetry::count_transitions("cancelled", "channel_deleted", cancelled);
     Ok(())
 }
 
