@@ -598,9 +598,10 @@ impl Sql {
     }
 }
 
-/// How many of a search's best-ranked matches its filter and read rules
-/// are applied to (SQLite): a bound on the work of one query, whatever
-/// the word. A filter that keeps few of them returns fewer events.
+/// A bound on the work of one search, whatever the word: SQLite applies
+/// the filter and the read rules to this many of the best-ranked matches
+/// (a filter that keeps few of them returns fewer events); PostgreSQL
+/// ranks this many of the newest matches that pass them.
 pub const SEARCH_CANDIDATES: usize = 10_000;
 
 /// A search filter's page: ranked (SQLite FTS5's bm25, PostgreSQL's
@@ -637,9 +638,19 @@ fn select_search(
             sql.push(" ORDER BY m.rank, e.created_at DESC, e.id ASC");
         }
         Dialect::Postgres => {
-            sql.push("SELECT e.raw, e.created_at, e.id FROM events e WHERE e.community_id = ");
+            // The GIN index finds the matches but cannot rank them, and
+            // ts_rank parses each candidate's JSON again: only the newest
+            // SEARCH_CANDIDATES matches that pass the filter and the read
+            // rules are ranked (a common word over a million events would
+            // otherwise rank every one of them).
+            sql.push("SELECT e.raw, e.created_at, e.id FROM (SELECT e.raw, e.created_at, e.id FROM events e WHERE e.community_id = ");
             sql.bind(Bind::Text(community.to_string()));
             push_filter(&mut sql, community, f, scope, None, false);
+            write!(
+                sql.q.sql,
+                " ORDER BY e.created_at DESC, e.id ASC LIMIT {SEARCH_CANDIDATES}) AS e"
+            )
+            .expect("writing to a String cannot fail");
             sql.push(" ORDER BY ts_rank(");
             sql.push(PG_SEARCH_VECTOR);
             sql.push(", plainto_tsquery('simple'::regconfig, ");
