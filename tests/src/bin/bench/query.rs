@@ -180,15 +180,17 @@ struct Load {
     conns: usize,
     /// REQs in flight on each connection.
     depth: usize,
-    /// REQs per round, over all connections.
-    per_round: usize,
+    /// How long each round sends new REQs: rounds of equal time rather
+    /// than of equal count, so that a slow relay is measured as long as a
+    /// fast one and its CPU (read in 10 ms ticks) over a second or more.
+    round: Duration,
 }
 
 /// What one connection's REQs measured: each REQ's `(ms since the figure
 /// began when sent, ms from send to EOSE)`, and its faults.
 type Timed = (Vec<(f64, f64)>, Faults);
 
-/// `count` REQs over one connection to `url`, `depth` in flight, each timed
+/// REQs over one connection to `url` until `stop`, `depth` in flight, each timed
 /// from the moment it is sent to its EOSE (only `EOSE` and `CLOSED` frames
 /// are parsed: the bench's CPU stays out of the relay's way). A `CLOSED`
 /// before EOSE counts as refused; a REQ still open when the relay has been
@@ -198,15 +200,15 @@ type Timed = (Vec<(f64, f64)>, Faults);
 async fn req_stream(
     url: &str,
     load: Load,
-    count: usize,
+    stop: Instant,
     epoch: Instant,
     mut next: impl FnMut() -> Value,
 ) -> Timed {
     let mut ws = connect(url).await;
     let mut open: HashMap<String, (f64, Instant)> = HashMap::with_capacity(load.depth);
-    let (mut sent, mut timed, mut faults) = (0, Vec::with_capacity(count), Faults::default());
+    let (mut sent, mut timed, mut faults) = (0, Vec::new(), Faults::default());
     loop {
-        while sent < count && open.len() < load.depth {
+        while open.len() < load.depth && Instant::now() < stop {
             let sub = format!("q{sent}");
             let req = json!(["REQ", sub, next()]).to_string();
             let since_epoch = epoch.elapsed().as_secs_f64() * 1000.0;
@@ -291,16 +293,16 @@ pub async fn query(
         data.push(preload(&t.url, n, &owner).await);
     }
     settle(&ours.store);
-    let per_round = if quick { 200 } else { 1000 };
+    let round = Duration::from_secs(if quick { 1 } else { 3 });
     let latency = Load {
         conns: 8,
         depth: 1,
-        per_round,
+        round,
     };
     let saturated = Load {
         conns: saturating.0.max(1),
         depth: saturating.1.max(1),
-        per_round: per_round * 4,
+        round,
     };
     for shape in Shape::ALL {
         // NIP-50 is not a shape every peer serves: ours only.
@@ -363,17 +365,18 @@ async fn shape_rounds(
     // Round 0 is a warm-up, not counted: the first time a query shape runs
     // on each of the relay's pooled database connections it is parsed and
     // planned there (on PostgreSQL a round trip and, with time partitions,
-    // a costly plan); with 200 queries a round those first uses alone would
-    // be the p99.
+    // a costly plan); in a short round those first uses alone would be the
+    // p99.
     for round in 0..=rounds {
         let meter = Meter::start(t);
+        let stop = Instant::now() + load.round;
         let hs: Vec<_> = (0..load.conns)
             .map(|c| {
                 let (url, pks, channels) = (t.url.clone(), pks.clone(), channels.clone());
                 let mut rng = rand::rngs::StdRng::seed_from_u64((round * load.conns + c) as u64);
                 tokio::spawn(async move {
                     let next = move || shape.filter(&mut rng, &pks, &channels, now);
-                    req_stream(&url, load, load.per_round / load.conns, epoch, next).await
+                    req_stream(&url, load, stop, epoch, next).await
                 })
             })
             .collect();
