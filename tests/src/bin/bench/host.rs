@@ -146,21 +146,16 @@ fn fd_of_inode(pid: u32, inode: u64) -> Option<i32> {
         .and_then(|e| e.file_name().to_str()?.parse().ok())
 }
 
-/// A local process listening on `port`: its pid and command name.
-pub fn listener_of(port: u16) -> Option<(u32, String)> {
+/// The pid of the local process listening on `port`.
+pub fn listener_of(port: u16) -> Option<u32> {
     let inodes: Vec<u64> = tcp_rows()
         .into_iter()
         .filter(|r| r.listening && r.local_port == port)
         .map(|r| r.inode)
         .collect();
-    for name in proc_pids() {
-        let pid: u32 = name.parse().ok()?;
-        if inodes.iter().any(|i| fd_of_inode(pid, *i).is_some()) {
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            return Some((pid, comm.trim().to_string()));
-        }
-    }
-    None
+    proc_pids()
+        .filter_map(|name| name.parse().ok())
+        .find(|pid| inodes.iter().any(|i| fd_of_inode(*pid, *i).is_some()))
 }
 
 /// Of the sockets process `pid` accepted on `server_port` for the clients
