@@ -45,6 +45,7 @@ pub async fn open(
     };
     let opts = SqliteConnectOptions::from_str(url)?;
     check_path(opts.get_filename(), mode)?;
+    without_memory_statistics();
     let opts = opts
         .create_if_missing(mode == OpenMode::Create)
         .journal_mode(SqliteJournalMode::Wal)
@@ -74,6 +75,35 @@ pub async fn open(
         .connect_with(opts.pragma("query_only", "true"))
         .await?;
     Ok((read, write))
+}
+
+/// Turns SQLite's memory statistics off, once per process, before its
+/// first connection. With them on (the bundled library's default), every
+/// allocation and free inside SQLite takes one process-wide mutex: under
+/// the query benchmark the readers' worker threads spent more CPU waiting
+/// on it (`__lll_lock_wait` under `sqlite3Malloc` and `sqlite3_free`, one
+/// per column value of every row) than SQLite spent reading. The relay
+/// never reads the statistics (`sqlite3_memory_used` and the soft heap
+/// limit need them; neither is used).
+fn without_memory_statistics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: sqlite3_config must not run while another thread uses
+        // SQLite. Every connection of the relay is opened here, after this
+        // call returns (`call_once` holds other openers until it has). If
+        // SQLite was already initialised in this process (another user of
+        // the library opened a database first), the call changes nothing
+        // and returns SQLITE_MISUSE, which is harmless.
+        let rc = unsafe {
+            libsqlite3_sys::sqlite3_config(libsqlite3_sys::SQLITE_CONFIG_MEMSTATUS, 0 as std::ffi::c_int)
+        };
+        if rc != libsqlite3_sys::SQLITE_OK {
+            tracing::debug!(
+                rc,
+                "SQLite was initialised before the relay: memory statistics left on"
+            );
+        }
+    });
 }
 
 /// Fails at once, naming the file, where SQLite would fail later or
