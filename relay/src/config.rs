@@ -339,7 +339,8 @@ pub struct SqliteConfig {
     /// `normal` (durable across process crashes, the default) or `full`
     /// (also across power loss, at a cost in write latency).
     pub synchronous: String,
-    /// Connections in the pool (one writer at a time, WAL readers alongside).
+    /// Reader connections in the pool, and as many REQ reader threads with
+    /// a connection each (`store::readers`); one writer besides.
     pub pool_size: u32,
     /// Bytes of the database file read through a memory map (0: none).
     pub mmap_size_bytes: u64,

@@ -22,7 +22,14 @@ pub enum Pool {
     /// sleeps in SQLite's busy handler waiting for another, and its page
     /// cache stays valid from one transaction to the next (a connection's
     /// cache is dropped whenever another connection wrote).
-    Sqlite { read: SqlitePool, write: SqlitePool },
+    /// `readers` serve REQ pages (`store::readers`: whole pages, not a
+    /// row at a time through sqlx); none for an in-memory database, which
+    /// only sqlx's own connections share.
+    Sqlite {
+        read: SqlitePool,
+        write: SqlitePool,
+        readers: Option<Arc<super::readers::Readers>>,
+    },
     /// PostgreSQL: `main` for everything but REQ and COUNT, which run on
     /// `queries` (`postgres.query_pool_size` connections with cached plans:
     /// `store::postgres::open`), so that a flood of reads never holds the
@@ -135,8 +142,14 @@ impl Row {
             .ok_or_else(|| StoreError::Corrupt(format!("missing column {c}")))
     }
 
+    /// A row of `vals` under its result set's `names`.
+    pub(super) fn of(names: Names, vals: Vec<Val>) -> Self {
+        debug_assert_eq!(names.len(), vals.len(), "a value for each column");
+        Row { names, vals }
+    }
+
     /// The first value's length in bytes when it is text (a page's size).
-    fn first_text_len(&self) -> usize {
+    pub(super) fn first_text_len(&self) -> usize {
         match self.vals.first() {
             Some(Val::Text(t)) => t.len(),
             _ => 0,
@@ -587,9 +600,14 @@ impl Pool {
     }
 
     /// A REQ's or COUNT's statement (built by `sql::select_events` or
-    /// `sql::count_events`): every row, on the query pool on PostgreSQL.
+    /// `sql::count_events`): every row, on the query pool on PostgreSQL and
+    /// on the REQ readers on SQLite.
     pub async fn query_all(&self, q: Q) -> Result<Vec<Row>, StoreError> {
         match self {
+            Pool::Sqlite {
+                readers: Some(readers),
+                ..
+            } => Ok(readers.page(q, usize::MAX, usize::MAX).await?.0),
             Pool::Sqlite { read, .. } => Self::sqlite_all(read, q).await,
             Pool::Postgres { queries, .. } => Self::pg_all(queries, q).await,
         }
@@ -609,6 +627,10 @@ impl Pool {
         max_bytes: usize,
     ) -> Result<(Vec<Row>, bool), StoreError> {
         match self {
+            Pool::Sqlite {
+                readers: Some(readers),
+                ..
+            } => readers.page(q, rows, max_bytes).await,
             Pool::Sqlite { read, .. } => {
                 let stream = sqlx::query_with(sqlx::AssertSqlSafe(q.sql), sqlite_args(q.binds)?).fetch(read);
                 take_page(stream, sqlite_row, rows, max_bytes).await
@@ -657,7 +679,7 @@ impl Pool {
 
     pub async fn close(&self) {
         match self {
-            Pool::Sqlite { read, write } => {
+            Pool::Sqlite { read, write, .. } => {
                 read.close().await;
                 write.close().await;
             }

@@ -27,6 +27,7 @@ pub mod notices;
 pub mod outcalls;
 pub mod overview;
 pub mod postgres;
+mod readers;
 pub mod refusal;
 pub mod runs;
 pub mod sql;
@@ -126,6 +127,9 @@ pub struct RemoteEvent {
 pub enum StoreError {
     #[error("database error: {0}")]
     Db(#[from] sqlx::Error),
+    /// A REQ page's read on a SQLite reader thread failed.
+    #[error("database error: {0}")]
+    Reader(String),
     #[error("migration error: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("{0}")]
@@ -325,12 +329,12 @@ pub async fn open(
     let url = cfg.database_url.as_str();
     let ahead = cfg.postgres.partition_months_ahead;
     if url.starts_with("sqlite:") {
-        let (read, write) = sqlite::open(url, &cfg.sqlite, mode).await?;
+        let (read, write, readers) = sqlite::open(url, &cfg.sqlite, mode).await?;
         tokio::spawn(sqlite::checkpointer(
             read.clone(),
             std::time::Duration::from_millis(cfg.sqlite.checkpoint_interval_ms),
         ));
-        let pool = db::Pool::Sqlite { read, write };
+        let pool = db::Pool::Sqlite { read, write, readers };
         Ok(std::sync::Arc::new(sqlstore::SqlStore::new(
             pool,
             ahead,

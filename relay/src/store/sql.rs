@@ -419,8 +419,16 @@ pub fn push_filter(
     }
     sql.push(")))");
     if !scope.gated_kinds.is_empty() {
-        sql.push(" AND (e.kind NOT IN ");
-        sql.bind_list(scope.gated_kinds.iter().map(|k| Bind::Int(i64::from(*k))));
+        // `<>` each, not `NOT IN (…)`: SQLite builds a temporary b-tree
+        // for an IN list of more than two values on every execution of the
+        // statement, which was a third of an author query's time in SQLite
+        // with the three default gated kinds (95 µs against 63 µs).
+        sql.push(" AND ((");
+        for (i, kind) in scope.gated_kinds.iter().enumerate() {
+            sql.push(if i == 0 { "e.kind <> " } else { " AND e.kind <> " });
+            sql.bind(Bind::Int(i64::from(*kind)));
+        }
+        sql.push(")");
         if let Some(viewer) = scope.viewer {
             // Its recipients (`p`) and its author read it.
             sql.push(" OR e.pubkey = ");

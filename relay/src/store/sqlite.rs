@@ -22,29 +22,33 @@
 
 use std::path::Path;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
+use super::readers::Readers;
 use super::{OpenMode, StoreError};
 use crate::config::SqliteConfig;
 
 /// Opens (with [`OpenMode::Create`], creating if missing) the database
-/// file and migrates it; returns the readers' pool and the one-connection
-/// writer's pool.
+/// file and migrates it; returns the readers' pool, the one-connection
+/// writer's pool, and the REQ page readers (`pool_size` threads; none for
+/// an in-memory database).
 pub async fn open(
     url: &str,
     cfg: &SqliteConfig,
     mode: OpenMode,
-) -> Result<(SqlitePool, SqlitePool), StoreError> {
+) -> Result<(SqlitePool, SqlitePool, Option<Arc<Readers>>), StoreError> {
     let synchronous = match cfg.synchronous.as_str() {
         "full" => SqliteSynchronous::Full,
         _ => SqliteSynchronous::Normal,
     };
     let opts = SqliteConnectOptions::from_str(url)?;
-    check_path(opts.get_filename(), mode)?;
+    let path = opts.get_filename().to_path_buf();
+    check_path(&path, mode)?;
     without_memory_statistics();
     let opts = opts
         .create_if_missing(mode == OpenMode::Create)
@@ -74,7 +78,13 @@ pub async fn open(
         .test_before_acquire(false)
         .connect_with(opts.pragma("query_only", "true"))
         .await?;
-    Ok((read, write))
+    let readers = if path == Path::new(":memory:") {
+        None
+    } else {
+        let threads = usize::try_from(cfg.pool_size.max(1)).unwrap_or(1);
+        Some(Arc::new(Readers::start(&path, cfg, threads)?))
+    };
+    Ok((read, write, readers))
 }
 
 /// Turns SQLite's memory statistics off, once per process, before its
