@@ -3,9 +3,11 @@
 //! and the workflow engine.
 //!
 //! Why: these tasks hold the one write lock of the store across several
-//! statements, and await the database once per statement (sqlx runs each
-//! SQLite connection on a worker thread and wakes the awaiting task when a
-//! statement is done; PostgreSQL answers over a socket). On the relay's
+//! statements. On PostgreSQL they await the database once per statement
+//! (it answers over a socket); SQLite's writer runs each statement on the
+//! calling thread (`store::lite`), which must then be one that may block
+//! for the statement's microseconds. (When sqlx ran the SQLite writer on
+//! its own worker thread, every statement woke the awaiting task.) On the relay's
 //! shared runtime such a wake-up from outside lands in the global queue,
 //! behind whatever the workers are busy with (HTTP calls, WebSocket
 //! frames), and every statement of a transaction pays that wait again while

@@ -11,6 +11,7 @@ use sqlx::postgres::{PgArguments, PgPool, PgRow};
 use sqlx::sqlite::{SqliteArguments, SqlitePool, SqliteRow};
 use sqlx::{Arguments, Database, Decode, Encode, Postgres, Sqlite, Transaction, Type, ValueRef};
 
+pub use super::row::{named, Col, Names, Row, Val};
 pub use super::sql::{Bind, Dialect, Q};
 use super::StoreError;
 
@@ -22,13 +23,14 @@ pub enum Pool {
     /// sleeps in SQLite's busy handler waiting for another, and its page
     /// cache stays valid from one transaction to the next (a connection's
     /// cache is dropped whenever another connection wrote).
-    /// `readers` serve REQ pages (`store::readers`: whole pages, not a
-    /// row at a time through sqlx); none for an in-memory database, which
-    /// only sqlx's own connections share.
+    /// `writer` runs its statements on the caller's thread (`store::lite`),
+    /// and `readers` serve REQ, COUNT and NIP-77 reads a whole page at a
+    /// time (`store::readers`), neither through sqlx's worker threads;
+    /// `read` is sqlx's pool for the relay's other reads.
     Sqlite {
         read: SqlitePool,
-        write: SqlitePool,
-        readers: Option<Arc<super::readers::Readers>>,
+        writer: super::lite::Writer,
+        readers: Arc<super::readers::Readers>,
     },
     /// PostgreSQL: `main` for everything but REQ and COUNT, which run on
     /// `queries` (`postgres.query_pool_size` connections with cached plans:
@@ -49,7 +51,10 @@ fn lock_of(key: &str) -> String {
 /// transaction's clock once read (`now()` is the transaction's start time)
 /// and the advisory locks it holds.
 pub enum Tx<'c> {
+    /// A read-only transaction on sqlx's readers.
     Sqlite(Transaction<'c, Sqlite>),
+    /// A write transaction on the writer connection.
+    SqliteWrite(super::lite::WriteTx<'c>),
     Postgres(Transaction<'c, Postgres>, PgKnown),
 }
 
@@ -67,7 +72,7 @@ pub struct PgKnown {
 /// the one SQLite writer connection while calls keep coming, instead of
 /// handing it back and waiting for it before every batch).
 pub enum Conn {
-    Sqlite(sqlx::pool::PoolConnection<Sqlite>),
+    Sqlite(super::lite::Held),
     Postgres(sqlx::pool::PoolConnection<Postgres>),
 }
 
@@ -76,157 +81,9 @@ impl Conn {
     pub async fn begin(&mut self) -> Result<Tx<'_>, StoreError> {
         use sqlx::Connection;
         Ok(match self {
-            Conn::Sqlite(c) => Tx::Sqlite((**c).begin_with("BEGIN IMMEDIATE").await?),
+            Conn::Sqlite(c) => Tx::SqliteWrite(c.begin()?),
             Conn::Postgres(c) => Tx::Postgres((**c).begin().await?, PgKnown::default()),
         })
-    }
-}
-
-/// A neutral column value.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Val {
-    Null,
-    Int(i64),
-    Text(String),
-    Blob(Vec<u8>),
-    Bool(bool),
-}
-
-/// A stored name (a status, an outcome) as its type.
-pub fn named<T>(s: &str, parse: fn(&str) -> Option<T>) -> Result<T, StoreError> {
-    parse(s).ok_or_else(|| StoreError::Corrupt(format!("unknown stored name {s:?}")))
-}
-
-/// A neutral row: its values and the names of its columns (one list per
-/// result set, shared by its rows).
-#[derive(Debug, Clone)]
-pub struct Row {
-    names: Names,
-    vals: Vec<Val>,
-}
-
-/// The column names of a result set.
-pub type Names = Arc<[Box<str>]>;
-
-/// A column of a [`Row`]: by name (how decoders read rows), or by
-/// position (single-column reads).
-pub trait Col: Copy + std::fmt::Display {
-    fn index(self, names: &[Box<str>]) -> Option<usize>;
-}
-
-impl Col for usize {
-    fn index(self, _names: &[Box<str>]) -> Option<usize> {
-        Some(self)
-    }
-}
-
-impl Col for &str {
-    fn index(self, names: &[Box<str>]) -> Option<usize> {
-        names.iter().position(|n| **n == *self)
-    }
-}
-
-impl Row {
-    /// A row of `vals` under `names` (tests build rows without a database).
-    #[cfg(test)]
-    pub fn from_parts(names: &[&str], vals: Vec<Val>) -> Self {
-        Row {
-            names: names.iter().map(|n| Box::from(*n)).collect(),
-            vals,
-        }
-    }
-
-    fn col(&self, c: impl Col) -> Result<&Val, StoreError> {
-        c.index(&self.names)
-            .and_then(|i| self.vals.get(i))
-            .ok_or_else(|| StoreError::Corrupt(format!("missing column {c}")))
-    }
-
-    /// A row of `vals` under its result set's `names`.
-    pub(super) fn of(names: Names, vals: Vec<Val>) -> Self {
-        debug_assert_eq!(names.len(), vals.len(), "a value for each column");
-        Row { names, vals }
-    }
-
-    /// The first value's length in bytes when it is text (a page's size).
-    pub(super) fn first_text_len(&self) -> usize {
-        match self.vals.first() {
-            Some(Val::Text(t)) => t.len(),
-            _ => 0,
-        }
-    }
-
-    pub fn int(&self, c: impl Col) -> Result<i64, StoreError> {
-        self.opt_int(c)?
-            .ok_or_else(|| StoreError::Corrupt(format!("column {c} is null")))
-    }
-
-    pub fn opt_int(&self, c: impl Col) -> Result<Option<i64>, StoreError> {
-        match self.col(c)? {
-            Val::Int(v) => Ok(Some(*v)),
-            Val::Bool(b) => Ok(Some(i64::from(*b))),
-            Val::Null => Ok(None),
-            other => Err(StoreError::Corrupt(format!(
-                "column {c}: expected integer, got {other:?}"
-            ))),
-        }
-    }
-
-    /// The text of column `c`, moved out of the row (for the large ones).
-    pub fn take_text(&mut self, c: impl Col) -> Result<String, StoreError> {
-        let i = c.index(&self.names);
-        match i.and_then(|i| self.vals.get_mut(i)) {
-            Some(Val::Text(v)) => Ok(std::mem::take(v)),
-            Some(other) => Err(StoreError::Corrupt(format!(
-                "column {c}: expected text, got {other:?}"
-            ))),
-            None => Err(StoreError::Corrupt(format!("missing column {c}"))),
-        }
-    }
-
-    pub fn text(&self, c: impl Col) -> Result<String, StoreError> {
-        self.opt_text(c)?
-            .ok_or_else(|| StoreError::Corrupt(format!("column {c} is null")))
-    }
-
-    pub fn opt_text(&self, c: impl Col) -> Result<Option<String>, StoreError> {
-        match self.col(c)? {
-            Val::Text(v) => Ok(Some(v.clone())),
-            Val::Null => Ok(None),
-            other => Err(StoreError::Corrupt(format!(
-                "column {c}: expected text, got {other:?}"
-            ))),
-        }
-    }
-
-    pub fn blob(&self, c: impl Col) -> Result<Vec<u8>, StoreError> {
-        self.opt_blob(c)?
-            .ok_or_else(|| StoreError::Corrupt(format!("column {c} is null")))
-    }
-
-    pub fn opt_blob(&self, c: impl Col) -> Result<Option<Vec<u8>>, StoreError> {
-        match self.col(c)? {
-            Val::Blob(v) => Ok(Some(v.clone())),
-            Val::Null => Ok(None),
-            other => Err(StoreError::Corrupt(format!(
-                "column {c}: expected bytes, got {other:?}"
-            ))),
-        }
-    }
-
-    pub fn bool(&self, c: impl Col) -> Result<bool, StoreError> {
-        match self.col(c)? {
-            Val::Bool(b) => Ok(*b),
-            Val::Int(v) => Ok(*v != 0),
-            other => Err(StoreError::Corrupt(format!(
-                "column {c}: expected boolean, got {other:?}"
-            ))),
-        }
-    }
-
-    pub fn id32(&self, c: impl Col) -> Result<[u8; 32], StoreError> {
-        <[u8; 32]>::try_from(self.blob(c)?.as_slice())
-            .map_err(|_| StoreError::Corrupt(format!("column {c} is not 32 bytes")))
     }
 }
 
@@ -359,7 +216,7 @@ where
             row.columns().iter().map(|c| Box::from(c.name())).collect()
         })
         .clone();
-    Ok(Row { names, vals: out })
+    Ok(Row::of(names, out))
 }
 
 fn sqlite_row(r: &SqliteRow, names: &mut Option<Names>) -> Result<Row, StoreError> {
@@ -383,6 +240,7 @@ macro_rules! dispatch {
     ($self:expr, $conn:ident, $q:expr, $method:ident, $conv:ident) => {{
         let q: Q = $q;
         match $self {
+            Tx::SqliteWrite(tx) => tx.$conn(&q),
             Tx::Sqlite(tx) => {
                 let args = sqlite_args(q.binds)?;
                 let r = sqlx::query_with(sqlx::AssertSqlSafe(q.sql), args)
@@ -420,24 +278,24 @@ macro_rules! conv_all {
 impl Tx<'_> {
     pub fn dialect(&self) -> Dialect {
         match self {
-            Tx::Sqlite(..) => Dialect::Sqlite,
+            Tx::Sqlite(..) | Tx::SqliteWrite(..) => Dialect::Sqlite,
             Tx::Postgres(..) => Dialect::Postgres,
         }
     }
 
     /// Runs a statement; returns the number of rows it affected.
     pub async fn exec(&mut self, q: Q) -> Result<u64, StoreError> {
-        dispatch!(self, tx, q, execute, conv_exec)
+        dispatch!(self, exec, q, execute, conv_exec)
     }
 
     /// The first row, if any.
     pub async fn one(&mut self, q: Q) -> Result<Option<Row>, StoreError> {
-        dispatch!(self, tx, q, fetch_optional, conv_opt)
+        dispatch!(self, one, q, fetch_optional, conv_opt)
     }
 
     /// Every row.
     pub async fn all(&mut self, q: Q) -> Result<Vec<Row>, StoreError> {
-        dispatch!(self, tx, q, fetch_all, conv_all)
+        dispatch!(self, all, q, fetch_all, conv_all)
     }
 
     /// `true` when the query returns a row.
@@ -502,7 +360,7 @@ impl Tx<'_> {
     pub fn lock_mark(&self) -> usize {
         match self {
             Tx::Postgres(_, known) => known.locks.len(),
-            Tx::Sqlite(_) => 0,
+            Tx::Sqlite(_) | Tx::SqliteWrite(_) => 0,
         }
     }
 
@@ -549,6 +407,7 @@ impl Tx<'_> {
     pub async fn commit(self) -> Result<(), StoreError> {
         match self {
             Tx::Sqlite(tx) => tx.commit().await?,
+            Tx::SqliteWrite(tx) => tx.commit()?,
             Tx::Postgres(tx, _) => tx.commit().await?,
         }
         Ok(())
@@ -567,7 +426,7 @@ impl Pool {
     /// across several transactions ([`Conn::begin`]).
     pub async fn acquire_writer(&self) -> Result<Conn, StoreError> {
         Ok(match self {
-            Pool::Sqlite { write, .. } => Conn::Sqlite(write.acquire().await?),
+            Pool::Sqlite { writer, .. } => Conn::Sqlite(writer.hold().await),
             Pool::Postgres { main, .. } => Conn::Postgres(main.acquire().await?),
         })
     }
@@ -577,7 +436,7 @@ impl Pool {
     /// (whose callers take row or advisory locks as they need).
     pub async fn begin(&self) -> Result<Tx<'static>, StoreError> {
         Ok(match self {
-            Pool::Sqlite { write, .. } => Tx::Sqlite(write.begin_with("BEGIN IMMEDIATE").await?),
+            Pool::Sqlite { writer, .. } => Tx::SqliteWrite(writer.begin().await?),
             Pool::Postgres { main, .. } => Tx::Postgres(main.begin().await?, PgKnown::default()),
         })
     }
@@ -604,11 +463,7 @@ impl Pool {
     /// on the REQ readers on SQLite.
     pub async fn query_all(&self, q: Q) -> Result<Vec<Row>, StoreError> {
         match self {
-            Pool::Sqlite {
-                readers: Some(readers),
-                ..
-            } => Ok(readers.page(q, usize::MAX, usize::MAX).await?.0),
-            Pool::Sqlite { read, .. } => Self::sqlite_all(read, q).await,
+            Pool::Sqlite { readers, .. } => Ok(readers.page(q, usize::MAX, usize::MAX).await?.0),
             Pool::Postgres { queries, .. } => Self::pg_all(queries, q).await,
         }
     }
@@ -627,14 +482,7 @@ impl Pool {
         max_bytes: usize,
     ) -> Result<(Vec<Row>, bool), StoreError> {
         match self {
-            Pool::Sqlite {
-                readers: Some(readers),
-                ..
-            } => readers.page(q, rows, max_bytes).await,
-            Pool::Sqlite { read, .. } => {
-                let stream = sqlx::query_with(sqlx::AssertSqlSafe(q.sql), sqlite_args(q.binds)?).fetch(read);
-                take_page(stream, sqlite_row, rows, max_bytes).await
-            }
+            Pool::Sqlite { readers, .. } => readers.page(q, rows, max_bytes).await,
             Pool::Postgres { queries, .. } => {
                 let stream = sqlx::query_with(sqlx::AssertSqlSafe(q.sql), pg_args(q.binds)?).fetch(queries);
                 take_page(stream, pg_row, rows, max_bytes).await
@@ -664,12 +512,7 @@ impl Pool {
     /// A statement outside any explicit transaction.
     pub async fn exec(&self, q: Q) -> Result<u64, StoreError> {
         Ok(match self {
-            Pool::Sqlite { write: p, .. } => {
-                sqlx::query_with(sqlx::AssertSqlSafe(q.sql), sqlite_args(q.binds)?)
-                    .execute(p)
-                    .await?
-                    .rows_affected()
-            }
+            Pool::Sqlite { writer, .. } => writer.exec(&q).await?,
             Pool::Postgres { main: p, .. } => sqlx::query_with(sqlx::AssertSqlSafe(q.sql), pg_args(q.binds)?)
                 .execute(p)
                 .await?
@@ -679,10 +522,7 @@ impl Pool {
 
     pub async fn close(&self) {
         match self {
-            Pool::Sqlite { read, write, .. } => {
-                read.close().await;
-                write.close().await;
-            }
+            Pool::Sqlite { read, .. } => read.close().await,
             Pool::Postgres { main, queries } => {
                 queries.close().await;
                 main.close().await;

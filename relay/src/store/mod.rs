@@ -21,6 +21,7 @@ pub mod db;
 pub mod deliveries;
 pub(crate) mod events;
 mod group;
+pub(crate) mod lite;
 pub mod machine;
 pub mod manage;
 pub mod notices;
@@ -29,6 +30,7 @@ pub mod overview;
 pub mod postgres;
 mod readers;
 pub mod refusal;
+mod row;
 pub mod runs;
 pub mod sql;
 pub mod sqlite;
@@ -127,9 +129,10 @@ pub struct RemoteEvent {
 pub enum StoreError {
     #[error("database error: {0}")]
     Db(#[from] sqlx::Error),
-    /// A REQ page's read on a SQLite reader thread failed.
+    /// A statement on a rusqlite connection (the SQLite writer, a REQ
+    /// reader) failed.
     #[error("database error: {0}")]
-    Reader(String),
+    Sqlite(String),
     #[error("migration error: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("{0}")]
@@ -329,12 +332,20 @@ pub async fn open(
     let url = cfg.database_url.as_str();
     let ahead = cfg.postgres.partition_months_ahead;
     if url.starts_with("sqlite:") {
-        let (read, write, readers) = sqlite::open(url, &cfg.sqlite, mode).await?;
+        let sqlite::Opened {
+            read,
+            writer,
+            readers,
+        } = sqlite::open(url, &cfg.sqlite, mode).await?;
         tokio::spawn(sqlite::checkpointer(
             read.clone(),
             std::time::Duration::from_millis(cfg.sqlite.checkpoint_interval_ms),
         ));
-        let pool = db::Pool::Sqlite { read, write, readers };
+        let pool = db::Pool::Sqlite {
+            read,
+            writer,
+            readers,
+        };
         Ok(std::sync::Arc::new(sqlstore::SqlStore::new(
             pool,
             ahead,

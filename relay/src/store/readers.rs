@@ -15,14 +15,13 @@
 //! block the writer nor each other). They run until the [`Readers`] is
 //! dropped (its job queue closes), each finishing the job it holds.
 
-use std::path::Path;
-use std::sync::Arc;
-
-use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OpenFlags};
+use std::path::Path;
 use tokio::sync::oneshot;
 
-use super::db::{Bind, Names, Row, Val, Q};
+use super::lite;
+use super::row::Row;
+use super::sql::Q;
 use super::StoreError;
 use crate::config::SqliteConfig;
 
@@ -88,19 +87,19 @@ impl Readers {
 /// A reader's connection: read-only, the pools' cache and memory map.
 fn connect(path: &Path, cfg: &SqliteConfig) -> Result<Connection, StoreError> {
     let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let conn = Connection::open_with_flags(path, flags).map_err(reader_error)?;
+    let conn = Connection::open_with_flags(path, flags).map_err(lite::error)?;
     conn.busy_timeout(std::time::Duration::from_millis(cfg.busy_timeout_ms))
-        .map_err(reader_error)?;
+        .map_err(lite::error)?;
     conn.pragma_update(
         None,
         "mmap_size",
         i64::try_from(cfg.mmap_size_bytes).unwrap_or(i64::MAX),
     )
-    .map_err(reader_error)?;
+    .map_err(lite::error)?;
     conn.pragma_update(None, "cache_size", -i64::from(cfg.cache_size_kib))
-        .map_err(reader_error)?;
+        .map_err(lite::error)?;
     conn.pragma_update(None, "temp_store", "memory")
-        .map_err(reader_error)?;
+        .map_err(lite::error)?;
     conn.set_prepared_statement_cache_capacity(STATEMENTS_PER_READER);
     Ok(conn)
 }
@@ -120,23 +119,17 @@ fn read_page(
     rows: usize,
     max_bytes: usize,
 ) -> Result<(Vec<Row>, bool), StoreError> {
-    let mut stmt = conn.prepare_cached(&q.sql).map_err(reader_error)?;
-    for (i, b) in q.binds.iter().enumerate() {
-        bind(&mut stmt, i + 1, b)?;
-    }
-    let names: Names = stmt
-        .column_names()
-        .into_iter()
-        .map(Box::from)
-        .collect::<Arc<[_]>>();
+    let mut stmt = conn.prepare_cached(&q.sql).map_err(lite::error)?;
+    lite::bind_all(&mut stmt, &q.binds)?;
+    let names = lite::names_of(&stmt);
     let mut cursor = stmt.raw_query();
     let (mut out, mut bytes) = (Vec::new(), 0usize);
-    while let Some(r) = cursor.next().map_err(reader_error)? {
+    while let Some(r) = cursor.next().map_err(lite::error)? {
         if out.len() == rows {
             // One row past the page: there are more.
             return Ok((out, false));
         }
-        let row = neutral(r, &names)?;
+        let row = lite::neutral(r, &names)?;
         let len = row.first_text_len();
         if !out.is_empty() && bytes + len > max_bytes {
             return Ok((out, false));
@@ -145,42 +138,4 @@ fn read_page(
         out.push(row);
     }
     Ok((out, true))
-}
-
-fn bind(stmt: &mut rusqlite::CachedStatement<'_>, at: usize, b: &Bind) -> Result<(), StoreError> {
-    let r = match b {
-        Bind::Int(v) => stmt.raw_bind_parameter(at, v),
-        Bind::OptInt(v) => stmt.raw_bind_parameter(at, v),
-        Bind::Text(v) => stmt.raw_bind_parameter(at, v),
-        Bind::OptText(v) => stmt.raw_bind_parameter(at, v),
-        Bind::Blob(v) => stmt.raw_bind_parameter(at, v),
-        Bind::OptBlob(v) => stmt.raw_bind_parameter(at, v),
-        Bind::Bool(v) => stmt.raw_bind_parameter(at, v),
-        Bind::TextArray(_) | Bind::IntArray(_) | Bind::BlobArray(_) => {
-            return Err(StoreError::Corrupt("bind: SQLite has no array parameters".into()))
-        }
-    };
-    r.map_err(|e| StoreError::Corrupt(format!("bind: {e}")))
-}
-
-fn neutral(r: &rusqlite::Row<'_>, names: &Names) -> Result<Row, StoreError> {
-    let mut vals = Vec::with_capacity(names.len());
-    for i in 0..names.len() {
-        vals.push(match r.get_ref(i).map_err(reader_error)? {
-            ValueRef::Null => Val::Null,
-            ValueRef::Integer(v) => Val::Int(v),
-            ValueRef::Text(t) => Val::Text(
-                std::str::from_utf8(t)
-                    .map_err(|_| StoreError::Corrupt(format!("column {i}: text is not UTF-8")))?
-                    .to_owned(),
-            ),
-            ValueRef::Blob(b) => Val::Blob(b.to_vec()),
-            ValueRef::Real(_) => return Err(StoreError::Corrupt(format!("column {i}: unexpected real"))),
-        });
-    }
-    Ok(Row::of(names.clone(), vals))
-}
-
-fn reader_error(e: rusqlite::Error) -> StoreError {
-    StoreError::Reader(e.to_string())
 }

@@ -29,19 +29,24 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
+use super::lite::{self, Writer};
 use super::readers::Readers;
 use super::{OpenMode, StoreError};
 use crate::config::SqliteConfig;
 
+/// The connections of an open SQLite database.
+pub struct Opened {
+    /// sqlx's readers (`query_only`), for the relay's own reads.
+    pub read: SqlitePool,
+    /// The one writer connection.
+    pub writer: Writer,
+    /// The REQ, COUNT and NIP-77 readers (`pool_size` threads).
+    pub readers: Arc<Readers>,
+}
+
 /// Opens (with [`OpenMode::Create`], creating if missing) the database
-/// file and migrates it; returns the readers' pool, the one-connection
-/// writer's pool, and the REQ page readers (`pool_size` threads; none for
-/// an in-memory database).
-pub async fn open(
-    url: &str,
-    cfg: &SqliteConfig,
-    mode: OpenMode,
-) -> Result<(SqlitePool, SqlitePool, Option<Arc<Readers>>), StoreError> {
+/// file and migrates it (through a sqlx connection, closed after).
+pub async fn open(url: &str, cfg: &SqliteConfig, mode: OpenMode) -> Result<Opened, StoreError> {
     let synchronous = match cfg.synchronous.as_str() {
         "full" => SqliteSynchronous::Full,
         _ => SqliteSynchronous::Normal,
@@ -66,25 +71,47 @@ pub async fn open(
     // No ping before handing out a connection (sqlx's default): an
     // in-process SQLite connection cannot go stale, and the ping was a
     // round trip to the connection's worker thread on every acquire.
-    let write = SqlitePoolOptions::new()
+    let migrator = SqlitePoolOptions::new()
         .max_connections(1)
-        .test_before_acquire(false)
         .connect_with(opts.clone())
         .await?;
-    sqlx::migrate!("../migrations/sqlite").run(&write).await?;
+    sqlx::migrate!("../migrations/sqlite").run(&migrator).await?;
+    migrator.close().await;
+    let writer = Writer::new(writer_connection(&path, cfg)?);
     // Readers refuse writes: every write must go through the writer.
     let read = SqlitePoolOptions::new()
         .max_connections(cfg.pool_size)
         .test_before_acquire(false)
         .connect_with(opts.pragma("query_only", "true"))
         .await?;
-    let readers = if path == Path::new(":memory:") {
-        None
+    let threads = usize::try_from(cfg.pool_size.max(1)).unwrap_or(1);
+    let readers = Arc::new(Readers::start(&path, cfg, threads)?);
+    Ok(Opened {
+        read,
+        writer,
+        readers,
+    })
+}
+
+/// The writer's connection, with the settings sqlx's connections get
+/// above (the journal mode is the file's, set by the first of them).
+fn writer_connection(path: &Path, cfg: &SqliteConfig) -> Result<rusqlite::Connection, StoreError> {
+    let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = rusqlite::Connection::open_with_flags(path, flags).map_err(lite::error)?;
+    conn.busy_timeout(Duration::from_millis(cfg.busy_timeout_ms))
+        .map_err(lite::error)?;
+    let synchronous = if cfg.synchronous == "full" {
+        "FULL"
     } else {
-        let threads = usize::try_from(cfg.pool_size.max(1)).unwrap_or(1);
-        Some(Arc::new(Readers::start(&path, cfg, threads)?))
+        "NORMAL"
     };
-    Ok((read, write, readers))
+    let settings = format!(
+        "PRAGMA synchronous = {synchronous}; PRAGMA foreign_keys = ON; PRAGMA mmap_size = {}; \
+         PRAGMA cache_size = -{}; PRAGMA wal_autocheckpoint = {}; PRAGMA temp_store = MEMORY;",
+        cfg.mmap_size_bytes, cfg.cache_size_kib, cfg.wal_autocheckpoint_pages
+    );
+    conn.execute_batch(&settings).map_err(lite::error)?;
+    Ok(conn)
 }
 
 /// Turns SQLite's memory statistics off, once per process, before its
@@ -122,7 +149,11 @@ fn without_memory_statistics() {
 /// retried for the whole start-up wait, named neither).
 fn check_path(path: &Path, mode: OpenMode) -> Result<(), StoreError> {
     if path == Path::new(":memory:") {
-        return Ok(());
+        return Err(StoreError::Missing(
+            "an in-memory SQLite database cannot serve the relay: its writer and readers are \
+             separate connections, and each would see a database of its own; name a file"
+                .into(),
+        ));
     }
     let shown = path.display();
     match mode {
