@@ -309,9 +309,31 @@ fn names(targets: &[Target]) -> Vec<String> {
     targets.iter().map(|t| t.name.clone()).collect()
 }
 
+/// CPU of the bare id-and-signature check of one event, in microseconds
+/// (the floor of a relay's CPU per accepted event): the median of three
+/// passes over pre-signed events, on this thread, with the `nostr`
+/// crate's `Event::verify` (the checks the relay runs).
+fn check_floor_us(keys: &[Keys]) -> f64 {
+    const EVENTS: usize = 4_000;
+    let events = presign(EVENTS, keys, "floor");
+    let mut passes: Vec<f64> = (0..3)
+        .map(|_| {
+            let started = std::time::Instant::now();
+            for e in &events {
+                assert!(e.verify().is_ok(), "a pre-signed event verifies");
+            }
+            started.elapsed().as_secs_f64() * 1e6 / EVENTS as f64
+        })
+        .collect();
+    passes.sort_by(f64::total_cmp);
+    passes[1]
+}
+
 async fn ingest(targets: &[Target], rounds: usize, quick: bool, window: usize) {
     assert!(window > 0, "--ingest-window must be positive");
     let keys: Vec<Keys> = (0..64).map(|_| Keys::generate()).collect();
+    let floor_us = check_floor_us(&keys);
+    println!("ingest floor: the id and signature check alone takes {floor_us:.1} µs of CPU an event (Event::verify, one core)");
     for conns in [1usize, 16, 256] {
         let n = if quick { 20_000 } else { 100_000 };
         let mut results = Vec::new();
@@ -331,6 +353,12 @@ async fn ingest(targets: &[Target], rounds: usize, quick: bool, window: usize) {
             &names(targets),
             &results,
         );
+        if let Some(cpu) = results.first().and_then(|m| m.cpu_us) {
+            println!(
+                "ingest {conns} conn: ours spends {:.2}x the bare check's CPU per accepted event",
+                cpu / floor_us
+            );
+        }
     }
 }
 
