@@ -78,6 +78,11 @@ struct Args {
     /// Rounds per figure (default 3 quick, 5 full).
     #[arg(long)]
     rounds: Option<usize>,
+    /// Live subscribers of the fan-out figure (default 200 quick, 1000
+    /// full), each on a connection of its own, e.g. 10000 for the relay's
+    /// memory per subscriber at that count.
+    #[arg(long)]
+    fanout_subs: Option<usize>,
     /// Offered load (deliveries per second) of the delivery latency figure.
     #[arg(long, default_value_t = 250)]
     delivery_rate: u32,
@@ -387,6 +392,7 @@ async fn fanout_target(t: &Target, rounds: usize, subs: usize) -> Option<[Measur
     // ticks, is measured over a tenth of a second or more.
     let per_round = 50;
     let author = Keys::generate();
+    let rss_before = t.pid.map(rss_bytes);
     let (mut rx, all_ready) = subscribe_all(t, &author, subs).await;
     if !all_ready {
         assert!(
@@ -398,6 +404,16 @@ async fn fanout_target(t: &Target, rounds: usize, subs: usize) -> Option<[Measur
             t.name
         );
         return None;
+    }
+    if let (Some(before), Some(pid)) = (rss_before, t.pid) {
+        let after = rss_bytes(pid);
+        println!(
+            "fanout memory, {}: {:.0} bytes per subscriber (a connection and its subscription; {subs} subscribers, RSS {:.1} MiB -> {:.1} MiB)",
+            t.name,
+            after.saturating_sub(before) as f64 / subs as f64,
+            before as f64 / 1048576.0,
+            after as f64 / 1048576.0
+        );
     }
     let (mut p50, mut p99) = (Rounds::default(), Rounds::default());
     let mut publisher = connect(&t.url).await;
@@ -1150,7 +1166,8 @@ async fn main() {
         ingest(&targets, rounds, args.quick, args.ingest_window).await;
     }
     if only.contains(&"fanout") {
-        fanout(&targets, rounds, if args.quick { 200 } else { 1000 }).await;
+        let subs = args.fanout_subs.unwrap_or(if args.quick { 200 } else { 1000 });
+        fanout(&targets, rounds, subs).await;
     }
     if only.contains(&"delivery") {
         delivery(&relay, rounds, args.quick, args.delivery_rate).await;
