@@ -408,7 +408,7 @@ async fn fanout_target(t: &Target, rounds: usize, subs: usize) -> Option<[Measur
     if let (Some(before), Some(pid)) = (rss_before, t.pid) {
         let after = rss_bytes(pid);
         println!(
-            "fanout memory, {}: {:.0} bytes per subscriber (a connection and its subscription; {subs} subscribers, RSS {:.1} MiB -> {:.1} MiB)",
+            "fanout memory, {}: {:.0} bytes per subscriber (a connection and its subscription; {subs} subscribers, RSS {:.1} MiB -> {:.1} MiB; RSS growth, so only a fresh relay's figure counts: `--only fanout`)",
             t.name,
             after.saturating_sub(before) as f64 / subs as f64,
             before as f64 / 1048576.0,
