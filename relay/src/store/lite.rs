@@ -15,15 +15,18 @@
 //! transaction, or the call writer across a run of batches) is the one
 //! writer, as the one-connection sqlx pool was before.
 
+use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use rusqlite::types::ValueRef;
-use rusqlite::{Connection, Statement};
+use rusqlite::{Connection, OpenFlags, Statement};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use super::row::{Names, Row, Val};
 use super::sql::{Bind, Q};
 use super::StoreError;
+use crate::config::SqliteConfig;
 
 /// Prepared statements the writer keeps (every statement the store writes
 /// with; their texts vary with the number of rows of a multi-row insert).
@@ -101,22 +104,35 @@ pub(super) fn neutral(r: &rusqlite::Row<'_>, names: &Names) -> Result<Row, Store
     Ok(Row::of(names.clone(), vals))
 }
 
-/// Runs `q` on `conn` and keeps at most `max_rows` of its rows (the
-/// statement runs to its end either way when it writes: SQLite completes
-/// a `RETURNING` statement's changes at its first step).
-fn run(conn: &Connection, q: &Q, max_rows: usize) -> Result<Vec<Row>, StoreError> {
+/// The rows of `q` on `conn` in order, at most `rows`, and only while
+/// their first column's text fits in `max_bytes` (at least one row); also
+/// whether the statement had no more rows. One row past the page is read
+/// to tell. A statement that writes runs to its end either way: SQLite
+/// completes a `RETURNING` statement's changes at its first step.
+pub(super) fn page(
+    conn: &Connection,
+    q: &Q,
+    rows: usize,
+    max_bytes: usize,
+) -> Result<(Vec<Row>, bool), StoreError> {
     let mut stmt = conn.prepare_cached(&q.sql).map_err(error)?;
     bind_all(&mut stmt, &q.binds)?;
     let names = names_of(&stmt);
-    let mut rows = stmt.raw_query();
-    let mut out = Vec::new();
-    while let Some(r) = rows.next().map_err(error)? {
-        if out.len() == max_rows {
-            break;
+    let mut cursor = stmt.raw_query();
+    let (mut out, mut bytes) = (Vec::new(), 0usize);
+    while let Some(r) = cursor.next().map_err(error)? {
+        if out.len() == rows {
+            return Ok((out, false));
         }
-        out.push(neutral(r, &names)?);
+        let row = neutral(r, &names)?;
+        let len = row.first_text_len();
+        if !out.is_empty() && bytes + len > max_bytes {
+            return Ok((out, false));
+        }
+        bytes += len;
+        out.push(row);
     }
-    Ok(out)
+    Ok((out, true))
 }
 
 /// Runs `q` to its end; the rows it changed.
@@ -129,6 +145,47 @@ fn execute(conn: &Connection, q: &Q) -> Result<u64, StoreError> {
     Ok(conn.changes())
 }
 
+/// What a connection may do: the writer's, or a reader's (opened
+/// read-only, so a write sent to it fails instead of bypassing the writer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Access {
+    Write,
+    Read,
+}
+
+/// A connection to the database file at `path` (which exists, with its
+/// journal mode set to WAL by the sqlx connection that migrated it), with
+/// the store's settings: the busy timeout, the memory map and page cache,
+/// `synchronous`, foreign keys, the checkpoint backstop, and room for
+/// `statements` prepared statements.
+pub(super) fn connect(
+    path: &Path,
+    cfg: &SqliteConfig,
+    access: Access,
+    statements: usize,
+) -> Result<Connection, StoreError> {
+    let flags = match access {
+        Access::Write => OpenFlags::SQLITE_OPEN_READ_WRITE,
+        Access::Read => OpenFlags::SQLITE_OPEN_READ_ONLY,
+    } | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).map_err(error)?;
+    conn.busy_timeout(Duration::from_millis(cfg.busy_timeout_ms))
+        .map_err(error)?;
+    let synchronous = if cfg.synchronous == "full" {
+        "FULL"
+    } else {
+        "NORMAL"
+    };
+    let settings = format!(
+        "PRAGMA synchronous = {synchronous}; PRAGMA foreign_keys = ON; PRAGMA mmap_size = {}; \
+         PRAGMA cache_size = -{}; PRAGMA wal_autocheckpoint = {}; PRAGMA temp_store = MEMORY;",
+        cfg.mmap_size_bytes, cfg.cache_size_kib, cfg.wal_autocheckpoint_pages
+    );
+    conn.execute_batch(&settings).map_err(error)?;
+    conn.set_prepared_statement_cache_capacity(statements);
+    Ok(conn)
+}
+
 /// The one writer connection of a SQLite database.
 #[derive(Clone, Debug)]
 pub struct Writer {
@@ -139,12 +196,12 @@ pub struct Writer {
 pub struct Held(OwnedMutexGuard<Connection>);
 
 impl Writer {
-    /// Takes over `conn` (opened with the store's settings) as the writer.
-    pub fn new(conn: Connection) -> Self {
-        conn.set_prepared_statement_cache_capacity(WRITER_STATEMENTS);
-        Self {
+    /// Opens the writer connection of the database file at `path`.
+    pub fn open(path: &Path, cfg: &SqliteConfig) -> Result<Self, StoreError> {
+        let conn = connect(path, cfg, Access::Write, WRITER_STATEMENTS)?;
+        Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
-        }
+        })
     }
 
     /// Waits for the connection and keeps it until the [`Held`] is dropped.
@@ -204,11 +261,11 @@ impl WriteTx<'_> {
     }
 
     pub fn one(&mut self, q: &Q) -> Result<Option<Row>, StoreError> {
-        Ok(run(self.guard.conn(), q, 1)?.into_iter().next())
+        Ok(page(self.guard.conn(), q, 1, usize::MAX)?.0.into_iter().next())
     }
 
     pub fn all(&mut self, q: &Q) -> Result<Vec<Row>, StoreError> {
-        run(self.guard.conn(), q, usize::MAX)
+        Ok(page(self.guard.conn(), q, usize::MAX, usize::MAX)?.0)
     }
 
     pub fn commit(mut self) -> Result<(), StoreError> {

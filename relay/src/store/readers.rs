@@ -15,7 +15,7 @@
 //! block the writer nor each other). They run until the [`Readers`] is
 //! dropped (its job queue closes), each finishing the job it holds.
 
-use rusqlite::{Connection, OpenFlags};
+use rusqlite::Connection;
 use std::path::Path;
 use tokio::sync::oneshot;
 
@@ -48,13 +48,13 @@ pub struct Readers {
 }
 
 impl Readers {
-    /// Opens `threads` read-only connections to `path` (which exists and is
-    /// migrated) and starts a thread for each.
-    pub fn start(path: &Path, cfg: &SqliteConfig, threads: usize) -> Result<Self, StoreError> {
-        assert!(threads > 0, "at least one reader thread");
+    /// Opens `sqlite.pool_size` (at least one) read-only connections to
+    /// `path` (which exists and is migrated) and starts a thread for each.
+    pub fn start(path: &Path, cfg: &SqliteConfig) -> Result<Self, StoreError> {
+        let threads = cfg.pool_size.max(1);
         let (jobs, queue) = flume::bounded::<Job>(QUEUED_PAGES_MAX);
         for i in 0..threads {
-            let conn = connect(path, cfg)?;
+            let conn = lite::connect(path, cfg, lite::Access::Read, STATEMENTS_PER_READER)?;
             let queue = queue.clone();
             std::thread::Builder::new()
                 .name(format!("sqlite-reader-{i}"))
@@ -67,7 +67,7 @@ impl Readers {
     /// The rows of `q` in order, at most `rows`, and only while their first
     /// column (the event's JSON) fits in `max_bytes` (at least one row);
     /// also whether the statement had no more rows. The contract of
-    /// [`super::db::Pool::query_page`].
+    /// [`super::db::Pool::query_page`] (read by [`lite::page`]).
     pub async fn page(&self, q: Q, rows: usize, max_bytes: usize) -> Result<(Vec<Row>, bool), StoreError> {
         let (reply, answer) = oneshot::channel();
         let job = Job {
@@ -84,58 +84,11 @@ impl Readers {
     }
 }
 
-/// A reader's connection: read-only, the pools' cache and memory map.
-fn connect(path: &Path, cfg: &SqliteConfig) -> Result<Connection, StoreError> {
-    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let conn = Connection::open_with_flags(path, flags).map_err(lite::error)?;
-    conn.busy_timeout(std::time::Duration::from_millis(cfg.busy_timeout_ms))
-        .map_err(lite::error)?;
-    conn.pragma_update(
-        None,
-        "mmap_size",
-        i64::try_from(cfg.mmap_size_bytes).unwrap_or(i64::MAX),
-    )
-    .map_err(lite::error)?;
-    conn.pragma_update(None, "cache_size", -i64::from(cfg.cache_size_kib))
-        .map_err(lite::error)?;
-    conn.pragma_update(None, "temp_store", "memory")
-        .map_err(lite::error)?;
-    conn.set_prepared_statement_cache_capacity(STATEMENTS_PER_READER);
-    Ok(conn)
-}
-
 fn serve(conn: Connection, queue: flume::Receiver<Job>) {
     while let Ok(job) = queue.recv() {
-        let page = read_page(&conn, &job.q, job.rows, job.max_bytes);
+        let page = lite::page(&conn, &job.q, job.rows, job.max_bytes);
         // The REQ may have ended meanwhile (its connection closed): nobody
         // waits for the page then.
         let _ = job.reply.send(page);
     }
-}
-
-fn read_page(
-    conn: &Connection,
-    q: &Q,
-    rows: usize,
-    max_bytes: usize,
-) -> Result<(Vec<Row>, bool), StoreError> {
-    let mut stmt = conn.prepare_cached(&q.sql).map_err(lite::error)?;
-    lite::bind_all(&mut stmt, &q.binds)?;
-    let names = lite::names_of(&stmt);
-    let mut cursor = stmt.raw_query();
-    let (mut out, mut bytes) = (Vec::new(), 0usize);
-    while let Some(r) = cursor.next().map_err(lite::error)? {
-        if out.len() == rows {
-            // One row past the page: there are more.
-            return Ok((out, false));
-        }
-        let row = lite::neutral(r, &names)?;
-        let len = row.first_text_len();
-        if !out.is_empty() && bytes + len > max_bytes {
-            return Ok((out, false));
-        }
-        bytes += len;
-        out.push(row);
-    }
-    Ok((out, true))
 }

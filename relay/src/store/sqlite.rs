@@ -29,7 +29,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-use super::lite::{self, Writer};
+use super::lite::Writer;
 use super::readers::Readers;
 use super::{OpenMode, StoreError};
 use crate::config::SqliteConfig;
@@ -77,41 +77,19 @@ pub async fn open(url: &str, cfg: &SqliteConfig, mode: OpenMode) -> Result<Opene
         .await?;
     sqlx::migrate!("../migrations/sqlite").run(&migrator).await?;
     migrator.close().await;
-    let writer = Writer::new(writer_connection(&path, cfg)?);
+    let writer = Writer::open(&path, cfg)?;
     // Readers refuse writes: every write must go through the writer.
     let read = SqlitePoolOptions::new()
         .max_connections(cfg.pool_size)
         .test_before_acquire(false)
         .connect_with(opts.pragma("query_only", "true"))
         .await?;
-    let threads = usize::try_from(cfg.pool_size.max(1)).unwrap_or(1);
-    let readers = Arc::new(Readers::start(&path, cfg, threads)?);
+    let readers = Arc::new(Readers::start(&path, cfg)?);
     Ok(Opened {
         read,
         writer,
         readers,
     })
-}
-
-/// The writer's connection, with the settings sqlx's connections get
-/// above (the journal mode is the file's, set by the first of them).
-fn writer_connection(path: &Path, cfg: &SqliteConfig) -> Result<rusqlite::Connection, StoreError> {
-    let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let conn = rusqlite::Connection::open_with_flags(path, flags).map_err(lite::error)?;
-    conn.busy_timeout(Duration::from_millis(cfg.busy_timeout_ms))
-        .map_err(lite::error)?;
-    let synchronous = if cfg.synchronous == "full" {
-        "FULL"
-    } else {
-        "NORMAL"
-    };
-    let settings = format!(
-        "PRAGMA synchronous = {synchronous}; PRAGMA foreign_keys = ON; PRAGMA mmap_size = {}; \
-         PRAGMA cache_size = -{}; PRAGMA wal_autocheckpoint = {}; PRAGMA temp_store = MEMORY;",
-        cfg.mmap_size_bytes, cfg.cache_size_kib, cfg.wal_autocheckpoint_pages
-    );
-    conn.execute_batch(&settings).map_err(lite::error)?;
-    Ok(conn)
 }
 
 /// Turns SQLite's memory statistics off, once per process, before its
