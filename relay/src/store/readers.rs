@@ -1,4 +1,5 @@
-//! REQ pages on SQLite, read whole on the relay's own reader threads.
+//! REQ pages on SQLite, read whole on the relay's own reader threads
+//! (and the relay's other one-statement reads: `Pool::all`).
 //!
 //! Why not through sqlx like every other read: sqlx-sqlite runs each
 //! connection on a worker thread and hands every row to the async task
