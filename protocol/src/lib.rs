@@ -17,6 +17,7 @@ pub mod nip98;
 pub mod nip_oa;
 pub mod schedule;
 pub mod search;
+pub mod sign;
 pub mod template;
 pub mod webhook;
 pub mod workflow;

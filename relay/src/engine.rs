@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, Timestamp};
+use nostr::prelude::{Event, EventBuilder, Keys, Kind, Timestamp};
 
 use crate::clock::unix_now;
 use crate::state::AppState;
@@ -122,11 +122,12 @@ fn wake(state: &AppState, community: &str, keys: &Keys, d: &NewDelivery) -> Opti
         &d.step_id,
         &d.message_event_id,
     );
-    let ev = EventBuilder::new(Kind::from_u16(protocol::kinds::WAKE_HINT), "")
-        .tags(tags)
-        .custom_created_at(Timestamp::from_secs(unix_now()))
-        .finalize(keys)
-        .ok()?;
+    let ev = protocol::sign::sign(
+        EventBuilder::new(Kind::from_u16(protocol::kinds::WAKE_HINT), "")
+            .tags(tags)
+            .custom_created_at(Timestamp::from_secs(unix_now())),
+        keys,
+    );
     let raw = serde_json::to_string(&ev).ok()?;
     if let Err(e) = crate::faults::check("wake:before_send") {
         tracing::warn!(error = %e, "wake not sent");

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, PublicKey, Tag, Timestamp};
+use nostr::prelude::{Event, EventBuilder, Keys, Kind, PublicKey, Tag, Timestamp};
 
 use super::db::{Tx, Q};
 use super::events;
@@ -675,11 +675,12 @@ async fn republish(
     let d = Tag::identifier(channel);
     let mut out = Vec::new();
     let emit = |kind: u16, tags: Vec<Tag>| -> Result<Event, StoreError> {
-        EventBuilder::new(Kind::from_u16(kind), "")
-            .tags(tags)
-            .custom_created_at(Timestamp::from_secs(u64::try_from(at).unwrap_or(0)))
-            .finalize(keys)
-            .map_err(|e| StoreError::Corrupt(format!("signing channel metadata: {e}")))
+        Ok(protocol::sign::sign(
+            EventBuilder::new(Kind::from_u16(kind), "")
+                .tags(tags)
+                .custom_created_at(Timestamp::from_secs(u64::try_from(at).unwrap_or(0))),
+            keys,
+        ))
     };
     let mut events = Vec::new();
     if meta {

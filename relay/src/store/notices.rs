@@ -3,7 +3,7 @@
 //! paused). Each is a kind 9 by the community key, stored in the
 //! transaction that made the change, and announced after its commit.
 
-use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, Tag, Timestamp};
+use nostr::prelude::{Event, EventBuilder, Keys, Kind, Tag, Timestamp};
 
 use super::db::Tx;
 use super::events;
@@ -23,11 +23,12 @@ pub async fn post(
     let mut all = Vec::with_capacity(tags.len() + 1);
     all.push(Tag::custom("h", [channel]));
     all.extend(tags);
-    let ev = EventBuilder::new(Kind::from_u16(protocol::workflow::MESSAGE_KIND), text)
-        .tags(all)
-        .custom_created_at(Timestamp::from_secs(u64::try_from(now).unwrap_or(0)))
-        .finalize(keys)
-        .map_err(|e| StoreError::Corrupt(format!("signing notice: {e}")))?;
+    let ev = protocol::sign::sign(
+        EventBuilder::new(Kind::from_u16(protocol::workflow::MESSAGE_KIND), text)
+            .tags(all)
+            .custom_created_at(Timestamp::from_secs(u64::try_from(now).unwrap_or(0))),
+        keys,
+    );
     let raw = serde_json::to_string(&ev).map_err(|e| StoreError::Corrupt(e.to_string()))?;
     let _stored = events::insert(tx, community, &ev, &raw, Some(channel))
         .await?
@@ -60,11 +61,12 @@ pub async fn label(
     ];
     tags.extend(target);
     tags.push(Tag::custom("by", [actor.to_hex()]));
-    let ev = EventBuilder::new(Kind::from_u16(protocol::kinds::LABEL), text)
-        .tags(tags)
-        .custom_created_at(Timestamp::from_secs(u64::try_from(now).unwrap_or(0)))
-        .finalize(keys)
-        .map_err(|e| StoreError::Corrupt(format!("signing notice: {e}")))?;
+    let ev = protocol::sign::sign(
+        EventBuilder::new(Kind::from_u16(protocol::kinds::LABEL), text)
+            .tags(tags)
+            .custom_created_at(Timestamp::from_secs(u64::try_from(now).unwrap_or(0))),
+        keys,
+    );
     let raw = serde_json::to_string(&ev).map_err(|e| StoreError::Corrupt(e.to_string()))?;
     let _stored = events::insert(tx, community, &ev, &raw, None)
         .await?

@@ -19,7 +19,7 @@
 //! lock when the step ends, and the step ends once, because ending it
 //! moves the run off `waiting` in the same transaction.
 
-use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, PublicKey, Tag, Timestamp};
+use nostr::prelude::{Event, EventBuilder, Keys, Kind, PublicKey, Tag, Timestamp};
 use protocol::api::{
     CauseKind, CauseView, DeliveryStatus, RunError, RunStatus, RunView, StepStatus, StepView,
 };
@@ -314,11 +314,12 @@ fn sign_admitted(
     limits: &Limits,
     too_large: impl Fn(String) -> Failure,
 ) -> Result<Result<(Event, String), Failure>, StoreError> {
-    let ev = EventBuilder::new(Kind::from_u16(workflow::MESSAGE_KIND), text)
-        .tags(tags)
-        .custom_created_at(Timestamp::from_secs(u64::try_from(now).unwrap_or(0)))
-        .finalize(keys)
-        .map_err(|e| StoreError::Corrupt(format!("signing workflow message: {e}")))?;
+    let ev = protocol::sign::sign(
+        EventBuilder::new(Kind::from_u16(workflow::MESSAGE_KIND), text)
+            .tags(tags)
+            .custom_created_at(Timestamp::from_secs(u64::try_from(now).unwrap_or(0))),
+        keys,
+    );
     let raw = serde_json::to_string(&ev).map_err(|e| StoreError::Corrupt(e.to_string()))?;
     let rules = admission::Rules {
         limits,
