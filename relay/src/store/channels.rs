@@ -674,13 +674,13 @@ async fn republish(
     .await?;
     let d = Tag::identifier(channel);
     let mut out = Vec::new();
-    let emit = |kind: u16, tags: Vec<Tag>| -> Result<Event, StoreError> {
-        Ok(protocol::sign::sign(
+    let emit = |kind: u16, tags: Vec<Tag>| -> Event {
+        protocol::sign::sign(
             EventBuilder::new(Kind::from_u16(kind), "")
                 .tags(tags)
                 .custom_created_at(Timestamp::from_secs(u64::try_from(at).unwrap_or(0))),
             keys,
-        ))
+        )
     };
     let mut events = Vec::new();
     if meta {
@@ -700,7 +700,7 @@ async fn republish(
             if c.closed { "closed" } else { "open" },
             Vec::<String>::new(),
         ));
-        events.push(emit(GROUP_METADATA, tags)?);
+        events.push(emit(GROUP_METADATA, tags));
         events.push(emit(
             GROUP_ROLES,
             vec![
@@ -714,7 +714,7 @@ async fn republish(
                 ),
                 Tag::custom("role", ["member", "posts in the channel"]),
             ],
-        )?);
+        ));
     }
     let member_tags = |only_admins: bool| -> Vec<Tag> {
         let mut tags = vec![d.clone()];
@@ -732,10 +732,10 @@ async fn republish(
         tags
     };
     if admins {
-        events.push(emit(GROUP_ADMINS, member_tags(true))?);
+        events.push(emit(GROUP_ADMINS, member_tags(true)));
     }
     if members {
-        events.push(emit(GROUP_MEMBERS, member_tags(false))?);
+        events.push(emit(GROUP_MEMBERS, member_tags(false)));
     }
     for e in events {
         let raw = serde_json::to_string(&e).map_err(|err| StoreError::Corrupt(err.to_string()))?;
