@@ -55,11 +55,13 @@ impl Query {
 
     /// Whether `content` holds every word of the query as a word of its own.
     pub fn matches(&self, content: &str) -> bool {
-        if self.words.is_empty() {
-            return true;
-        }
-        let have: std::collections::HashSet<String> = tokens(content).collect();
-        self.words.iter().all(|w| have.contains(w))
+        self.words.is_empty() || self.matches_words(&Words::of(content))
+    }
+
+    /// Whether `words` (an event's, read once for every query) holds every
+    /// word of the query.
+    pub fn matches_words(&self, words: &Words) -> bool {
+        self.words.iter().all(|w| words.0.contains(w))
     }
 
     /// The query in SQLite FTS5 syntax: each word a quoted string, all
@@ -78,6 +80,17 @@ impl Query {
     /// separated by spaces (every one required).
     pub fn plain(&self) -> String {
         self.words.join(" ")
+    }
+}
+
+/// The words of a text, as a query reads them: read once per event, then
+/// looked up by every query it is matched against.
+#[derive(Debug, Clone, Default)]
+pub struct Words(std::collections::HashSet<String>);
+
+impl Words {
+    pub fn of(content: &str) -> Words {
+        Words(tokens(content).collect())
     }
 }
 

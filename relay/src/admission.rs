@@ -107,11 +107,10 @@ pub fn check(event: &Event, raw_len: usize, rules: &Rules<'_>) -> Result<(), Ref
     }
     check_tags(event, l)?;
     let created = event.created_at.as_secs();
-    if let Some(max_secs) = l
-        .max_future_secs
-        .filter(|&max| created > rules.now.saturating_add(max))
-    {
-        return Err(Refusal::TooFarAhead { max_secs });
+    if created > rules.now.saturating_add(l.max_future_secs) {
+        return Err(Refusal::TooFarAhead {
+            max_secs: l.max_future_secs,
+        });
     }
     if i64::try_from(created).is_err() {
         return Err(Refusal::CreatedAtOutOfRange);
@@ -195,16 +194,19 @@ mod tests {
     fn each_rule_refuses_with_its_code() {
         let (me, relay) = (Keys::generate(), Keys::generate());
         let rk = relay.public_key();
-        let l = Limits {
-            max_future_secs: Some(900),
-            ..Limits::default()
-        };
+        let l = Limits::default();
         let now = 1_000_000;
         let ok = signed(&me, 1, vec![vec!["h", "a"]], now);
         assert_eq!(checked(&ok, &rk, &l), Ok(()));
-        // No bound by default: ten years ahead is accepted.
+        // 15 minutes ahead by default, to the second; a larger bound lifts it.
+        let edge = signed(&me, 1, vec![], now + 900);
+        assert_eq!(checked(&edge, &rk, &l), Ok(()));
         let ahead = signed(&me, 1, vec![], now + 10 * 365 * 86_400);
-        assert_eq!(checked(&ahead, &rk, &Limits::default()), Ok(()));
+        let lifted = Limits {
+            max_future_secs: u64::MAX,
+            ..Limits::default()
+        };
+        assert_eq!(checked(&ahead, &rk, &lifted), Ok(()));
         let cases: Vec<(Event, &str)> = vec![
             (
                 signed(&me, 9, vec![vec!["h", "a"], vec!["h", "b"]], now),

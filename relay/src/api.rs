@@ -402,8 +402,10 @@ async fn show_run(State(state): State<Arc<AppState>>, Path(id): Path<String>, au
 /// The secret is checked first (in constant time), before anything is
 /// charged to the workflow: a flood with a wrong secret used to empty the
 /// workflow's bucket and got the real caller 429 on every try. Failures
-/// are limited per caller address instead, so a flood locks out only its
-/// own address.
+/// are limited per hook and caller address instead (the address a trusted
+/// proxy forwards, `limits.trusted_proxies`), so a flood locks out only
+/// its own address from that hook; behind an untrusted proxy, where every
+/// caller shares one address, it stays within the one hook it hits.
 async fn webhook(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
@@ -413,12 +415,15 @@ async fn webhook(
     body_stream: axum::body::Body,
 ) -> Response {
     let community = tenant.community.id.clone();
-    let failures_key = format!("{community}:hook-failures:{}", peer.ip().to_canonical());
+    let caller = crate::http::client_address(peer.ip(), &headers, &state.cfg.limits.trusted_proxies);
+    // At most 64 characters of the id: the table holds 100,000 keys.
+    let hook: String = id.chars().take(64).collect();
+    let failures_key = format!("{community}:hook-failures:{hook}:{caller}");
     if !state.webhook_failures.has_tokens(&failures_key) {
         return error(
             StatusCode::TOO_MANY_REQUESTS,
             "rate_limited",
-            "too many failed webhook calls from this address; slow down",
+            "too many failed calls to this webhook from this address; slow down",
         );
     }
     let bytes =

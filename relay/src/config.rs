@@ -239,11 +239,11 @@ pub struct Limits {
     pub max_inflight_events: usize,
     /// Bytes queued for a connection before it is disconnected as a slow reader.
     pub max_outbound_bytes: usize,
-    /// How far in the future `created_at` may be; unset: no bound (NIP-01
-    /// sets none, and clients date events ahead on purpose). 900 refuses
-    /// what is more than 15 minutes ahead.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_future_secs: Option<u64>,
+    /// How far in the future `created_at` may be: 900 (the default, as
+    /// strfry's and nostr-rs-relay's) refuses what is more than 15 minutes
+    /// ahead, so that no event sorts first in every newest-first feed for
+    /// years. NIP-01 sets no bound; a larger value lifts it.
+    pub max_future_secs: u64,
     /// How old a NIP-42 AUTH event may be.
     pub auth_max_age_secs: u64,
     /// Largest HTTP request body (NIP-98 API calls).
@@ -277,17 +277,31 @@ pub struct Limits {
     /// Addresses the per-IP cap does not apply to (by default loopback:
     /// a reverse proxy on the same machine brings every client from there).
     pub connection_cap_exempt: Vec<std::net::IpAddr>,
+    /// Live subscription filters with a NIP-50 `search` one connection
+    /// may hold, and the words of their searches together.
+    pub max_live_search_filters_per_connection: usize,
+    /// Words of those searches, together, on one connection.
+    pub max_live_search_words_per_connection: usize,
+    /// Live search filters of every connection of the relay process.
+    pub max_live_search_filters: usize,
+    /// Words of those searches, together, relay-wide.
+    pub max_live_search_words: usize,
+    /// Reverse proxies whose `X-Forwarded-For` names the caller (by
+    /// default none: the connection's own address is the caller's).
+    pub trusted_proxies: Vec<std::net::IpAddr>,
     /// How long a connection may take to send a complete request head,
     /// the first one or the next one on a kept-alive connection (so also
     /// the idle time before a WebSocket upgrade).
     pub header_read_timeout_ms: u64,
     /// How long an HTTP request body may take to arrive.
     pub body_read_timeout_ms: u64,
-    /// Failed webhook calls (wrong or missing secret) per second from one
-    /// IP address, sustained; beyond, that address gets 429 before its
-    /// secret is looked at. Other callers are not affected.
+    /// Failed webhook calls (wrong or missing secret) per second to one
+    /// hook from one caller address, sustained; beyond, that caller gets
+    /// 429 for that hook before its secret is looked at. Other hooks, and
+    /// other callers where their address is known, are not affected.
     pub webhook_failures_per_second: u32,
-    /// Burst of failed webhook calls from one address above the rate.
+    /// Burst of failed webhook calls to one hook from one caller above the
+    /// rate.
     pub webhook_failures_burst: u32,
 }
 
@@ -306,7 +320,7 @@ impl Default for Limits {
             events_burst: 200,
             max_inflight_events: 256,
             max_outbound_bytes: 8 * 1024 * 1024,
-            max_future_secs: None,
+            max_future_secs: 900,
             auth_max_age_secs: 600,
             fanout_buffer_events: 16_384,
             max_http_body_bytes: 1024 * 1024,
@@ -322,6 +336,11 @@ impl Default for Limits {
                 std::net::Ipv4Addr::LOCALHOST.into(),
                 std::net::Ipv6Addr::LOCALHOST.into(),
             ],
+            trusted_proxies: Vec::new(),
+            max_live_search_filters_per_connection: 8,
+            max_live_search_words_per_connection: 64,
+            max_live_search_filters: 1_024,
+            max_live_search_words: 8_192,
             header_read_timeout_ms: 10_000,
             body_read_timeout_ms: 30_000,
             webhook_failures_per_second: 1,
@@ -500,6 +519,12 @@ pub struct WebhookConfig {
     pub ca_file: Option<std::path::PathBuf>,
     /// Most calls in flight per relay process; more wait their turn.
     pub max_in_flight: usize,
+    /// Most calls in flight for one community; its further calls wait,
+    /// other communities' do not.
+    pub max_in_flight_per_community: usize,
+    /// Most calls in flight for one workflow owner within a community;
+    /// its further calls wait, other owners' do not.
+    pub max_in_flight_per_owner: usize,
     /// How long past a step's `timeout_secs` a call may stay unanswered
     /// before it counts as interrupted (its process died mid-call).
     pub call_grace_secs: u64,
@@ -514,6 +539,8 @@ impl Default for WebhookConfig {
             resolve: std::collections::BTreeMap::new(),
             ca_file: None,
             max_in_flight: 64,
+            max_in_flight_per_community: 32,
+            max_in_flight_per_owner: 8,
             call_grace_secs: 15,
             connect_timeout_ms: 5_000,
         }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
@@ -287,5 +287,61 @@ pub fn not_answered(e: CallError) -> Response {
     match e {
         CallError::Refused(r) => refused(r),
         CallError::Store(e) => unavailable(&e),
+    }
+}
+
+/// The caller's address: the connection's peer, or, when the peer is one
+/// of `trusted` (a reverse proxy), the last address in `X-Forwarded-For`
+/// that is not itself a trusted proxy (each proxy appends the address it
+/// was reached from, so only the right-hand entries are vouched for).
+pub fn client_address(
+    peer: std::net::IpAddr,
+    headers: &HeaderMap,
+    trusted: &[std::net::IpAddr],
+) -> std::net::IpAddr {
+    let peer = peer.to_canonical();
+    if !trusted.contains(&peer) {
+        return peer;
+    }
+    let forwarded = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim);
+    let mut last = peer;
+    for entry in forwarded.collect::<Vec<_>>().into_iter().rev().take(16) {
+        match entry.parse::<std::net::IpAddr>() {
+            Ok(ip) if trusted.contains(&ip.to_canonical()) => last = ip.to_canonical(),
+            Ok(ip) => return ip.to_canonical(),
+            Err(_) => return last,
+        }
+    }
+    last
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_address_trusts_only_listed_proxies() {
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", "1.1.1.1, 2.2.2.2, 10.0.0.2".parse().unwrap());
+        let proxies = [ip("10.0.0.1"), ip("10.0.0.2")];
+        // From a listed proxy: the right-most address no proxy vouches for.
+        assert_eq!(client_address(ip("10.0.0.1"), &h, &proxies), ip("2.2.2.2"));
+        // From anyone else: the header is ignored.
+        assert_eq!(client_address(ip("3.3.3.3"), &h, &proxies), ip("3.3.3.3"));
+        assert_eq!(client_address(ip("10.0.0.1"), &h, &[]), ip("10.0.0.1"));
+        // Garbage stops the walk at the last vouched-for address.
+        h.insert("x-forwarded-for", "junk, 10.0.0.2".parse().unwrap());
+        assert_eq!(client_address(ip("10.0.0.1"), &h, &proxies), ip("10.0.0.2"));
+        // An IPv4-mapped peer is the IPv4 address.
+        assert_eq!(
+            client_address(ip("::ffff:3.3.3.3"), &HeaderMap::new(), &[]),
+            ip("3.3.3.3")
+        );
     }
 }

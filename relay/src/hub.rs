@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use nostr::prelude::Event;
 use tokio::sync::broadcast;
@@ -30,6 +30,17 @@ pub struct Published {
     /// this lives (in the hub or any connection's queue): once, however
     /// many subscribers it goes to.
     budget: Arc<Budget>,
+    /// The words of its content, read by the first live search that looks
+    /// and shared by every other one.
+    words: OnceLock<protocol::search::Words>,
+}
+
+impl Published {
+    /// The words of the event's content (NIP-50), read once.
+    pub fn words(&self) -> &protocol::search::Words {
+        self.words
+            .get_or_init(|| protocol::search::Words::of(&self.event.content))
+    }
 }
 
 impl Drop for Published {
@@ -91,6 +102,7 @@ impl Hub {
             event,
             raw,
             budget,
+            words: OnceLock::new(),
         }));
     }
 }

@@ -144,6 +144,8 @@ pub struct Outcaller {
     cfg: WebhookConfig,
     roots: Vec<reqwest::Certificate>,
     in_flight: Arc<tokio::sync::Semaphore>,
+    /// Each community's and each owner's share of `in_flight`.
+    shares: Arc<crate::shares::Shares>,
 }
 
 impl Outcaller {
@@ -162,11 +164,15 @@ impl Outcaller {
             cfg: cfg.clone(),
             roots,
             in_flight: Arc::new(tokio::sync::Semaphore::new(cfg.max_in_flight.max(1))),
+            shares: crate::shares::Shares::new(),
         })
     }
 
     /// Sends one call for `community` (whose allow-list is `allow`) and
-    /// says what came of it. Never panics on what the server does.
+    /// says what came of it. Never panics on what the server does. It
+    /// waits for a slot within its community's and its owner's share
+    /// first, then for one of the process's: one owner's hanging calls
+    /// hold at most its own share.
     pub async fn send(
         &self,
         community: &str,
@@ -174,6 +180,14 @@ impl Outcaller {
         key: &SecretsKey,
         call: &OutCall,
     ) -> CallResult {
+        let share = [
+            (community.to_string(), self.cfg.max_in_flight_per_community),
+            (
+                format!("{community}/{}", call.owner),
+                self.cfg.max_in_flight_per_owner,
+            ),
+        ];
+        let _share = self.shares.enter(&share).await;
         let Ok(_slot) = self.in_flight.clone().acquire_owned().await else {
             return failed("webhook_unreachable", "the relay is shutting down");
         };

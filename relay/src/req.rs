@@ -69,7 +69,7 @@ impl Cursor<'_> {
 }
 
 /// Queues the stored events of `filters` for subscription `sub_id` (the
-/// caller sends EOSE after).
+/// caller sends EOSE after); the ids of the events it sent.
 pub async fn send_stored(
     state: &AppState,
     community: &str,
@@ -77,7 +77,7 @@ pub async fn send_stored(
     sub_id: &str,
     filters: &[Filter],
     scope: &ReadScope,
-) -> Result<(), Stopped> {
+) -> Result<HashSet<[u8; 32]>, Stopped> {
     let l = &state.cfg.limits;
     let mut cursors: Vec<Cursor<'_>> = filters
         .iter()
@@ -96,8 +96,9 @@ pub async fn send_stored(
     let ranked = filters.iter().any(|f| search_of(f).is_some());
     let prefix = format!("[\"EVENT\",{},", json!(sub_id));
     let one_event = l.max_event_bytes + prefix.len() + 1;
-    // Bounded by max_filters x max_limit ids: only several filters can
-    // return the same event twice.
+    // Every id sent, bounded by max_filters x max_limit ids: several
+    // filters can return the same event twice, and the caller needs them
+    // to tell a REQ by ids that found all it asked for.
     let mut seen: HashSet<[u8; 32]> = HashSet::new();
     let mut sent_bytes = 0usize;
     loop {
@@ -111,19 +112,21 @@ pub async fn send_stored(
             ready.min_by_key(|&i| cursors[i].head())
         };
         let Some(next) = next else {
-            return Ok(());
+            return Ok(seen);
         };
         let event = cursors[next].buf.pop_front().expect("head was some");
-        if cursors.len() > 1 && !seen.insert(event.id) {
+        if !seen.insert(event.id) {
             continue;
         }
+        let id = event.id;
         let mut frame = String::with_capacity(prefix.len() + event.raw.len() + 1);
         frame.push_str(&prefix);
         frame.push_str(&event.raw);
         frame.push(']');
         drop(event);
         if sent_bytes > 0 && sent_bytes + frame.len() > l.max_req_bytes {
-            return Ok(());
+            seen.remove(&id);
+            return Ok(seen);
         }
         sent_bytes += frame.len();
         out.text_wait(frame, STORED_RESULTS_DEADLINE).await?;

@@ -60,6 +60,9 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     };
     let state = Arc::new(AppState::new(cfg, store.clone(), secrets, outcaller));
 
+    if metrics.is_some() {
+        refresh_gauges(&state).await;
+    }
     // One machine-readable line on stdout: tests and scripts read the
     // first address from it (its fourth word).
     let first = local[0];
@@ -134,37 +137,41 @@ async fn start_metrics(addr: SocketAddr) -> anyhow::Result<(SocketAddr, tokio::t
 }
 
 /// Refreshes the gauges read from the database, every
-/// `metrics_interval_secs`, for every community.
+/// `metrics_interval_secs` (the first pass ran before the relay said it
+/// listens).
 async fn collect_gauges(state: Arc<AppState>) {
-    use crate::telemetry::{DELIVERIES, OLDEST_PENDING, RUNS};
     let every = Duration::from_secs(state.cfg.metrics_interval_secs.max(1));
-    // Statuses seen before: a status whose rows are gone reads 0, not its
-    // last value.
-    let mut seen: std::collections::HashSet<(String, &'static str, String)> = Default::default();
     loop {
-        let communities = state.store.list_communities().await.unwrap_or_default();
-        for c in communities {
-            let g = match state.store.gauges(&c.id).await {
-                Ok(g) => g,
-                Err(e) => {
-                    tracing::warn!(community = %c.id, error = %e, "reading metrics gauges failed");
-                    continue;
-                }
-            };
-            for (name, rows) in [(DELIVERIES, &g.deliveries), (RUNS, &g.runs)] {
-                for key in seen.iter().filter(|k| k.0 == c.id && k.1 == name) {
-                    if !rows.iter().any(|(s, _)| *s == key.2) {
-                        gauge_of(name, &c.id, &key.2).set(0.0);
-                    }
-                }
-                for (status, n) in rows {
-                    gauge_of(name, &c.id, status).set(*n as f64);
-                    seen.insert((c.id.clone(), name, status.clone()));
-                }
-            }
-            metrics::gauge!(OLDEST_PENDING, "community" => c.id.clone()).set(g.oldest_pending_secs as f64);
-        }
         tokio::time::sleep(every).await;
+        refresh_gauges(&state).await;
+    }
+}
+
+/// Sets the gauges read from the database for every community: every
+/// status a delivery or a run can have, at 0 when no row has it, so that
+/// each series is there from the first scrape and a status whose rows are
+/// gone reads 0.
+async fn refresh_gauges(state: &AppState) {
+    use crate::telemetry::{DELIVERIES, OLDEST_PENDING, RUNS};
+    use protocol::api::{DeliveryStatus, RunStatus};
+    let deliveries: Vec<&str> = DeliveryStatus::ALL.iter().map(|s| s.as_str()).collect();
+    let runs: Vec<&str> = RunStatus::ALL.iter().map(|s| s.as_str()).collect();
+    let communities = state.store.list_communities().await.unwrap_or_default();
+    for c in communities {
+        let g = match state.store.gauges(&c.id).await {
+            Ok(g) => g,
+            Err(e) => {
+                tracing::warn!(community = %c.id, error = %e, "reading metrics gauges failed");
+                continue;
+            }
+        };
+        for (name, known, rows) in [(DELIVERIES, &deliveries, &g.deliveries), (RUNS, &runs, &g.runs)] {
+            for status in known.iter() {
+                let n = rows.iter().find(|(s, _)| s == status).map_or(0, |(_, n)| *n);
+                gauge_of(name, &c.id, status).set(n as f64);
+            }
+        }
+        metrics::gauge!(OLDEST_PENDING, "community" => c.id.clone()).set(g.oldest_pending_secs as f64);
     }
 }
 

@@ -62,6 +62,8 @@ pub struct AppState {
     pub engine_beat: std::sync::atomic::AtomicU64,
     /// Each community's bans and NIP-11 text, cached.
     pub moderation: crate::moderation::ModerationCache,
+    /// Live search filters and words held by every connection together.
+    pub live_searches: Arc<crate::livesearch::SearchLoad>,
 }
 
 impl AppState {
@@ -77,6 +79,8 @@ impl AppState {
         let webhook_failures =
             crate::ratelimit::KeyedLimiter::new(l.webhook_failures_per_second, l.webhook_failures_burst);
         let output = crate::budget::Budget::new(l.max_outbound_bytes_total);
+        let live_searches =
+            crate::livesearch::SearchLoad::new(l.max_live_search_filters, l.max_live_search_words);
         let keys_dir = cfg.keys_dir.clone();
 
         Self {
@@ -95,6 +99,7 @@ impl AppState {
             secrets,
             outcaller: Arc::new(outcaller),
             engine_beat: std::sync::atomic::AtomicU64::new(0),
+            live_searches,
         }
     }
 

@@ -15,7 +15,7 @@ use axum::{Json, Router};
 use nostr::prelude::PublicKey;
 use protocol::dashboard::{Overview, Role};
 
-use crate::http::{error, limited, unavailable, Authed};
+use crate::http::{error, limited, unavailable, Authed, Tenant};
 use crate::state::AppState;
 
 /// The page's files, embedded at build.
@@ -29,13 +29,22 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-
 
 pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
-        .route("/ui", get(|| asset("text/html; charset=utf-8", INDEX_HTML)))
-        .route("/ui/", get(|| asset("text/html; charset=utf-8", INDEX_HTML)))
+        .route(
+            "/ui",
+            get(|t: Tenant| asset(t, "text/html; charset=utf-8", INDEX_HTML)),
+        )
+        .route(
+            "/ui/",
+            get(|t: Tenant| asset(t, "text/html; charset=utf-8", INDEX_HTML)),
+        )
         .route(
             "/ui/app.js",
-            get(|| asset("text/javascript; charset=utf-8", APP_JS)),
+            get(|t: Tenant| asset(t, "text/javascript; charset=utf-8", APP_JS)),
         )
-        .route("/ui/app.css", get(|| asset("text/css; charset=utf-8", APP_CSS)))
+        .route(
+            "/ui/app.css",
+            get(|t: Tenant| asset(t, "text/css; charset=utf-8", APP_CSS)),
+        )
         .route("/overview", get(overview))
         .route("/workflows", get(workflows))
         .route("/workflows/{id}", get(workflow))
@@ -43,7 +52,10 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/channels", get(channels))
 }
 
-async fn asset(content_type: &'static str, body: &'static str) -> Response {
+/// One of the page's files, for a host that serves a community: a host
+/// that serves none is refused 404 (`unknown_host`) by [`Tenant`], as
+/// NIP-11 and every API call are.
+async fn asset(_served: Tenant, content_type: &'static str, body: &'static str) -> Response {
     (
         [
             (header::CONTENT_TYPE, content_type),

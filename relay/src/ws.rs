@@ -6,7 +6,7 @@
 //! broadcast channel and are matched here; the socket is written by a
 //! separate task (see [`crate::outbound`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -49,6 +49,8 @@ struct Subscription {
     /// Hub sequence when the stored query began; live events at or below it
     /// were committed before the query and are not sent again.
     seq_floor: u64,
+    /// Its share of the relay's live search work (`None`: no search).
+    searching: Option<crate::livesearch::Hold>,
 }
 
 /// Live matching: every field of a filter but `search`, which is matched
@@ -59,11 +61,15 @@ const LIVE_MATCH: MatchEventOptions = MatchEventOptions {
 };
 
 /// Whether a REQ is complete at EOSE: every filter asks for events by id
-/// (an event's id fixes its content, so a stored answer is the answer).
-fn is_complete(filters: &[Filter]) -> bool {
-    filters
-        .iter()
-        .all(|f| f.ids.as_ref().is_some_and(|ids| !ids.is_empty()))
+/// and every id it asks for was `sent` (an event's id fixes its content,
+/// so nothing published later can match). A REQ by ids whose event is not
+/// stored yet stays live: clients subscribe to an id and then publish it.
+fn is_complete(filters: &[Filter], sent: &HashSet<[u8; 32]>) -> bool {
+    filters.iter().all(|f| {
+        f.ids
+            .as_ref()
+            .is_some_and(|ids| !ids.is_empty() && ids.iter().all(|id| sent.contains(id.as_bytes())))
+    })
 }
 
 struct Conn {
@@ -681,6 +687,13 @@ impl Conn {
                 &format!("blocked: at most {max_subs} subscriptions per connection"),
             )?);
         }
+        // A REQ replaces the subscription of its id, and its share of work.
+        self.subs.remove(&sub_id);
+        let searches = crate::livesearch::searches_of(&filters);
+        let searching = match self.hold_searches(&searches) {
+            Ok(hold) => hold,
+            Err(msg) => return Ok(self.closed(&sub_id, &msg)?),
+        };
         // Receive live events before taking the floor: every event
         // published after the floor is then received, and every one at or
         // below it was committed before the stored query below.
@@ -693,35 +706,69 @@ impl Conn {
         let community = self.community.id.clone();
         let sent =
             crate::req::send_stored(&self.state, &community, &self.out, &sub_id, &filters, &scope).await;
-        match sent {
-            Ok(()) => {}
+        let sent = match sent {
+            Ok(sent) => sent,
             Err(Stopped::Overflow) => return Err(Stop::Overflow),
             Err(Stopped::Store(e)) => {
                 tracing::error!(community = %community, error = %e, "query failed");
                 self.subs.remove(&sub_id);
                 return Ok(self.closed(&sub_id, "error: the query failed; try again")?);
             }
-        }
+        };
         self.out
             .text_wait(json!(["EOSE", sub_id]).to_string(), STORED_RESULTS_DEADLINE)
             .await?;
         metrics::histogram!(crate::telemetry::REQ_DURATION).record(started.elapsed().as_secs_f64());
-        if is_complete(&filters) {
-            // Every filter names its events by id, and each was looked up:
+        if is_complete(&filters, &sent) {
+            // Every filter names its events by id, and each was found:
             // as NIP-01 allows, the relay ends it, which frees the slot.
             self.subs.remove(&sub_id);
             return Ok(self.closed(&sub_id, "")?);
         }
-        let searches = filters.iter().map(crate::store::sql::search_of).collect();
         self.subs.insert(
             sub_id,
             Subscription {
                 filters,
                 searches,
                 seq_floor,
+                searching,
             },
         );
         Ok(())
+    }
+
+    /// Takes the share of live search work a REQ's `searches` need, within
+    /// this connection's bound and the relay's; `Err` is the CLOSED reason.
+    fn hold_searches(
+        &self,
+        searches: &[Option<protocol::search::Query>],
+    ) -> Result<Option<crate::livesearch::Hold>, String> {
+        let (filters, words) = crate::livesearch::weight(searches);
+        if filters == 0 {
+            return Ok(None);
+        }
+        let l = self.limits();
+        let (held_filters, held_words) = self
+            .subs
+            .values()
+            .filter_map(|s| s.searching.as_ref())
+            .fold((0, 0), |(f, w), h| (f + h.filters, w + h.words));
+        let (max_filters, max_words) = (
+            l.max_live_search_filters_per_connection,
+            l.max_live_search_words_per_connection,
+        );
+        if held_filters + filters > max_filters || held_words + words > max_words {
+            return Err(format!(
+                "blocked: at most {max_filters} search filters ({max_words} search words) \
+                 per connection"
+            ));
+        }
+        match self.state.live_searches.hold(filters, words) {
+            Some(hold) => Ok(Some(hold)),
+            None => Err(
+                "rate-limited: the relay holds as many live searches as it serves; try again later".into(),
+            ),
+        }
     }
 
     async fn on_count(&mut self, sub_id: String, filters: Vec<Filter>) -> Result<(), Stop> {
@@ -801,7 +848,7 @@ impl Conn {
                 p.seq > sub.seq_floor
                     && sub.filters.iter().zip(&sub.searches).any(|(f, search)| {
                         f.match_event(&p.event, LIVE_MATCH)
-                            && search.as_ref().is_none_or(|q| q.matches(&p.event.content))
+                            && search.as_ref().is_none_or(|q| q.matches_words(p.words()))
                     })
             })
             .map(|(id, _)| id)

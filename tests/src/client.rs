@@ -193,19 +193,32 @@ impl Client {
 
     /// Opens a subscription and collects stored events until EOSE (or CLOSED).
     pub async fn req(&mut self, sub: &str, filters: Vec<Value>) -> ReqResult {
-        // Every filter on `ids`: the relay ends it after EOSE (CLOSED ""),
-        // read here so that a later REQ of the same id does not take it.
-        let complete = filters.iter().all(|f| {
-            f.get("ids")
-                .and_then(Value::as_array)
-                .is_some_and(|a| !a.is_empty())
-        });
+        // Every filter on `ids`, and every id found: the relay ends it after
+        // EOSE (CLOSED ""), read here so that a later REQ of the same id
+        // does not take it. An id not found keeps it live.
+        let ids: Option<Vec<String>> = filters
+            .iter()
+            .map(|f| {
+                f.get("ids")
+                    .and_then(Value::as_array)
+                    .filter(|a| !a.is_empty())
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|v| v.as_str().map(str::to_string))
+                            .collect::<Vec<_>>()
+                    })
+            })
+            .collect::<Option<Vec<Vec<String>>>>()
+            .map(|lists| lists.concat());
         let mut msg = vec![json!("REQ"), json!(sub)];
         msg.extend(filters);
         self.send(Value::Array(msg)).await;
-        let mut events = Vec::new();
+        let mut events: Vec<Event> = Vec::new();
         loop {
             let v = self.recv().await;
+            let complete = ids
+                .as_ref()
+                .is_some_and(|ids| ids.iter().all(|id| events.iter().any(|e| e.id.to_hex() == *id)));
             match v[0].as_str() {
                 Some("EVENT") if v[1] == sub => {
                     events.push(serde_json::from_value(v[2].clone()).expect("event"))

@@ -21,10 +21,12 @@ backend_tests!(
     an_approver_approves_and_others_change_nothing,
     deny_fails_or_continues,
     an_approval_times_out,
+    a_reaction_after_the_deadline_decides_nothing,
     two_approvers_racing_on_two_processes_decide_once,
     a_decision_stored_while_the_engine_is_down_is_found_after_restart,
     a_webhook_answer_feeds_the_next_step_signed_with_a_sealed_secret,
     webhook_failures_fail_the_run_with_their_code,
+    one_owners_hanging_calls_leave_another_owners_call_alone,
     the_address_guard_refuses_every_loopback_form_and_plain_http,
     a_crash_mid_call_retries_only_when_asked_with_the_same_key,
     calls_over_tls_verify_the_server,
@@ -239,6 +241,53 @@ async fn an_approval_times_out(backend: Backend) {
     assert_eq!(again["status"], "failed");
 }
 
+/// The deadline decides, in the transaction that stores the reaction: a
+/// reaction that comes after it, before the engine's pass has timed the
+/// request out, approves nothing. (The test moves the step's start back
+/// past its timeout, as if the time had passed, and leaves the engine's
+/// wake-up where it was, so that the reaction comes first.)
+async fn a_reaction_after_the_deadline_decides_nothing(backend: Backend) {
+    let relay = Relay::start_opts(&backend, options(""));
+    let mut fx = Fixture::new(&relay, "ops", 0).await;
+    fx.define("deploy", &approval_def(&[], "continue", 60)).await;
+    let run_id = start_run(&relay, &fx.owner, "deploy", json!({"version": "late"})).await;
+    let request = request_of(&relay, &fx, &run_id).await;
+    let db = &relay.store;
+    let run_where = format!("community_id = 'default' AND id = '{run_id}'");
+    let approval_where = format!("community_id = 'default' AND run_id = '{run_id}'");
+    // The request's deadline is the step's start plus its timeout.
+    let started = db.sql(&format!(
+        "SELECT step_started_at FROM workflow_runs WHERE {run_where}"
+    ));
+    let deadline = db.sql(&format!(
+        "SELECT deadline FROM workflow_approvals WHERE {approval_where}"
+    ));
+    assert_eq!(
+        deadline.parse::<i64>().unwrap(),
+        started.parse::<i64>().unwrap() + 60
+    );
+    db.sql(&format!(
+        "UPDATE workflow_runs SET step_started_at = step_started_at - 61 WHERE {run_where}"
+    ));
+    db.sql(&format!(
+        "UPDATE workflow_approvals SET deadline = deadline - 61 WHERE {approval_where}"
+    ));
+    let owner = fx.owner.clone();
+    react(&relay, &fx, &owner, &request.id.to_hex(), "+").await;
+    let decision = db.sql(&format!(
+        "SELECT COALESCE(decision, 'none') FROM workflow_approvals WHERE {approval_where}"
+    ));
+    assert_eq!(
+        decision, "none",
+        "a reaction after the deadline decided the request"
+    );
+    // The engine's pass, when it comes, times the request out.
+    db.sql(&format!("UPDATE workflow_runs SET wake_at = 0 WHERE {run_where}"));
+    let run = run_until(&relay, &fx.owner, &run_id, 10, ended).await;
+    assert_eq!(run["steps"][0]["output"]["decision"], "timed_out", "{run}");
+    assert_eq!(step_statuses(&run), ["failed", "skipped", "done"], "{run}");
+}
+
 async fn two_approvers_racing_on_two_processes_decide_once(backend: Backend) {
     let store = Store::new(&backend);
     let a = Relay::start_with(store.clone(), options(""));
@@ -314,6 +363,44 @@ fn webhook_def(url: &str, extra: Value) -> Value {
     json!({"name": "hook", "trigger": {"on": "manual"}, "steps": [call,
         {"id": "after", "action": "send_message",
          "text": "ticket {{steps.call.output.body.ticket}} status {{steps.call.output.status}}"}]})
+}
+
+/// Call slots are shared by owner: one owner's hanging calls hold at most
+/// its own share (`max_in_flight_per_owner`), and another owner's call is
+/// sent and answered while they still hang.
+async fn one_owners_hanging_calls_leave_another_owners_call_alone(backend: Backend) {
+    let server = HookServer::start().await;
+    let mut hang = Answer::json(200, json!({"ticket": 0}));
+    hang.delay = Duration::from_secs(120);
+    server.answer("/hang", hang);
+    server.answer("/quick", Answer::json(200, json!({"ticket": 7})));
+    let mut opts = hooks_allowed();
+    opts.config_toml = opts.config_toml.replace(
+        "[webhooks]\n",
+        "[webhooks]\nmax_in_flight = 4\nmax_in_flight_per_owner = 2\n",
+    );
+    let relay = Relay::start_opts(&backend, opts);
+    let mut greedy = Fixture::new(&relay, "greedy", 0).await;
+    let mut other = Fixture::new(&relay, "other", 0).await;
+    greedy
+        .define(
+            "hang",
+            &webhook_def(&server.url("/hang"), json!({"timeout_secs": 60})),
+        )
+        .await;
+    other
+        .define("quick", &webhook_def(&server.url("/quick"), json!({})))
+        .await;
+    for n in 0..6 {
+        start_run(&relay, &greedy.owner, "hang", json!({"text": "x", "n": n})).await;
+    }
+    tests::workflow::eventually(|| async { (server.received("/hang").len() == 2).then_some(()) }).await;
+    let run_id = start_run(&relay, &other.owner, "quick", json!({"text": "y", "n": 1})).await;
+    let run = run_until(&relay, &other.owner, &run_id, 15, ended).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run["steps"][0]["output"]["body"]["ticket"], 7, "{run}");
+    // The greedy owner's calls still hang, and no more of them were sent.
+    assert_eq!(server.received("/hang").len(), 2);
 }
 
 async fn set_secret(relay: &Relay, who: &Keys, workflow: &str, name: &str, value: &str) -> (u16, Value) {

@@ -19,7 +19,7 @@ backend_tests!(
     client_signed_channel_metadata_is_refused,
     finish_replies_meet_event_admission,
     departed_owners_workflows_pause,
-    webhook_failures_are_limited_per_address,
+    webhook_failures_are_limited_per_hook_and_caller,
     attestations_must_allow_their_own_kind_0,
     gift_wraps_are_p_gated,
     stored_results_are_paged_merged_and_capped,
@@ -27,6 +27,7 @@ backend_tests!(
     templates_cannot_multiply_trigger_data,
     oversized_frames_close_with_1009,
     me_is_rate_limited,
+    live_search_filters_are_bounded,
 );
 
 fn hex(k: &Keys) -> String {
@@ -246,14 +247,8 @@ fn reply(
 }
 
 async fn finish_replies_meet_event_admission(backend: Backend) {
-    // A bound on future created_at (none by default), to show a reply meets it.
-    let relay = Relay::start_opts(
-        &backend,
-        RelayOptions {
-            config_toml: "[limits]\nmax_future_secs = 900\n".into(),
-            ..Default::default()
-        },
-    );
+    // The default bound on future created_at (15 minutes): a reply meets it.
+    let relay = Relay::start(&backend);
     let mut fx = Fixture::new(&relay, "desk", 1).await;
     fx.define("w", &on_message(&format!("{} look", fx.mention(0))))
         .await;
@@ -401,52 +396,79 @@ async fn departed_owners_workflows_pause(backend: Backend) {
     );
 }
 
-async fn webhook_failures_are_limited_per_address(backend: Backend) {
-    let relay = Relay::start(&backend);
+/// Failed webhook calls are limited per hook and caller: a wrong-secret
+/// flood locks out its own address from the hook it hits, not that
+/// hook's other callers, nor the same address's calls to another hook
+/// (behind a proxy every caller shares one address); behind a trusted
+/// proxy, the address it forwards is the caller.
+async fn webhook_failures_are_limited_per_hook_and_caller(backend: Backend) {
+    let relay = Relay::start_opts(&backend, opts("[limits]\ntrusted_proxies = [\"127.0.0.3\"]\n"));
     let mut fx = Fixture::new(&relay, "hooks", 0).await;
-    let hook = json!({"name": "hook", "trigger": {"on": "webhook"},
-        "steps": [{"id": "s", "action": "send_message", "text": "hook"}]});
-    fx.define("h", &hook).await;
-    let (status, v) = api(&relay, &fx.owner, "POST", "/workflows/h/webhook-secret", None).await;
-    assert_eq!(status, 200, "{v}");
-    let secret = v["secret"].as_str().unwrap().to_string();
-    let url = format!("{}/hooks/h", relay.http_url());
+    let mut secrets = Vec::new();
+    for id in ["h", "h2"] {
+        let hook = json!({"name": id, "trigger": {"on": "webhook"},
+            "steps": [{"id": "s", "action": "send_message", "text": "hook"}]});
+        fx.define(id, &hook).await;
+        let path = format!("/workflows/{id}/webhook-secret");
+        let (status, v) = api(&relay, &fx.owner, "POST", &path, None).await;
+        assert_eq!(status, 200, "{v}");
+        secrets.push(v["secret"].as_str().unwrap().to_string());
+    }
+    let from = |addr: &str| {
+        reqwest::Client::builder()
+            .local_address(Some(addr.parse().unwrap()))
+            .build()
+            .unwrap()
+    };
     let host = relay.addr.to_string();
-    // A flood with a wrong secret from another address (127.0.0.2).
-    let flooder = reqwest::Client::builder()
-        .local_address(Some("127.0.0.2".parse().unwrap()))
-        .build()
-        .unwrap();
-    let mut limited = 0;
-    for _ in 0..300 {
-        let r = flooder
-            .post(&url)
-            .header("Host", &host)
-            .header("Authorization", "Bearer wrong")
-            .body("{}")
-            .send()
-            .await
-            .unwrap();
-        match r.status().as_u16() {
-            401 => {}
-            429 => limited += 1,
-            s => panic!("flood answered {s}"),
+    let call =
+        |client: reqwest::Client, hook: &'static str, secret: String, forwarded: Option<&'static str>| {
+            let url = format!("{}/hooks/{hook}", relay.http_url());
+            let host = host.clone();
+            async move {
+                let mut r = client
+                    .post(&url)
+                    .header("Host", host)
+                    .header("Authorization", format!("Bearer {secret}"))
+                    .body("{}");
+                if let Some(f) = forwarded {
+                    r = r.header("X-Forwarded-For", f);
+                }
+                r.send().await.unwrap().status().as_u16()
+            }
+        };
+    let flood = |client: reqwest::Client, forwarded: Option<&'static str>| {
+        let call = &call;
+        async move {
+            let mut limited = 0;
+            for _ in 0..300 {
+                match call(client.clone(), "h", "wrong".into(), forwarded).await {
+                    401 => {}
+                    429 => limited += 1,
+                    s => panic!("flood answered {s}"),
+                }
+            }
+            limited
         }
-    }
+    };
+    // A wrong-secret flood at hook h from 127.0.0.2.
+    let limited = flood(from("127.0.0.2"), None).await;
+    eprintln!("direct flood: {limited} of 300 failures answered 429");
     assert!(limited >= 250, "only {limited} of 300 failures limited");
-    // The real caller is not locked out.
-    for i in 0..5 {
-        let (status, v) = http_raw(
-            &relay.http_url(),
-            &host,
-            "POST",
-            "/hooks/h",
-            Some(&format!("Bearer {secret}")),
-            format!("{{\"n\":{i}}}").as_bytes(),
-        )
-        .await;
-        assert_eq!(status, 200, "real caller refused: {v}");
-    }
+    // The same address's call to another hook, and h's caller from
+    // another address, go through.
+    assert_eq!(call(from("127.0.0.2"), "h2", secrets[1].clone(), None).await, 200);
+    assert_eq!(call(from("127.0.0.1"), "h", secrets[0].clone(), None).await, 200);
+    // Through the trusted proxy: the flood names a victim first, but only
+    // the address the proxy appended counts.
+    let proxy = from("127.0.0.3");
+    let limited = flood(proxy.clone(), Some("198.51.100.7, 203.0.113.9")).await;
+    eprintln!("flood through a trusted proxy: {limited} of 300 failures answered 429");
+    assert!(limited >= 250, "only {limited} of 300 failures limited");
+    let real = call(proxy.clone(), "h", secrets[0].clone(), Some("198.51.100.7")).await;
+    assert_eq!(real, 200, "the real caller behind the proxy is locked out");
+    let again = call(proxy, "h", "wrong".into(), Some("203.0.113.9")).await;
+    assert_eq!(again, 429, "the flooder behind the proxy is not limited");
 }
 
 async fn attestations_must_allow_their_own_kind_0(backend: Backend) {
@@ -742,4 +764,117 @@ async fn me_is_rate_limited(backend: Backend) {
         }
     }
     assert!(limited >= 4, "only {limited} of 8 limited");
+}
+
+/// Live delivery of `n` large events (of `phase`) from `publisher` to
+/// `watcher`'s subscription `feed`: each event's time from its send to
+/// its arrival, sorted.
+async fn live_delays(
+    publisher: &mut Client,
+    watcher: &mut Client,
+    k: &Keys,
+    phase: &str,
+    n: usize,
+) -> Vec<Duration> {
+    // About 120 KB of distinct words: work for every search that looks.
+    let words: Vec<String> = (0..12_000).map(|i| format!("w{i:05}")).collect();
+    let content = words.join(" ");
+    let mut delays = Vec::with_capacity(n);
+    for i in 0..n {
+        // Each event new: a duplicate is acknowledged, never fanned out.
+        let ev = event(k, 1, &format!("{phase} {i} {content}"), &[]);
+        let sent = std::time::Instant::now();
+        publisher.publish_ok(&ev).await;
+        loop {
+            let got = watcher.next_event("feed").await;
+            if got.id == ev.id {
+                break;
+            }
+        }
+        delays.push(sent.elapsed());
+    }
+    delays.sort();
+    delays
+}
+
+/// Live NIP-50 search filters are bounded per connection and relay-wide:
+/// two connections asking for 2,048 of them get 8 each (the rest refused
+/// with CLOSED and a reason), each event's words are read once however
+/// many searches look, and another subscriber's live delivery is printed
+/// with and without the attack.
+async fn live_search_filters_are_bounded(backend: Backend) {
+    let relay = Relay::start_opts(&backend, opts(&format!("{FAST}max_live_search_filters = 12\n")));
+    let k = Keys::generate();
+    let mut publisher = Client::connect(&relay.ws_url()).await;
+    let mut watcher = Client::connect(&relay.ws_url()).await;
+    let filter = json!({"kinds": [1], "authors": [hex(&k)], "limit": 0});
+    watcher.req("feed", vec![filter]).await.events();
+    let alone = live_delays(&mut publisher, &mut watcher, &k, "alone", 20).await;
+
+    // Two attackers, 64 REQs of 16 search filters each, 16 words a search.
+    let mut attackers = [
+        Client::connect(&relay.ws_url()).await,
+        Client::connect(&relay.ws_url()).await,
+    ];
+    let mut held = Vec::new();
+    for (a, c) in attackers.iter_mut().enumerate() {
+        let mut reasons = std::collections::BTreeSet::new();
+        let (mut live, mut refused) = (0, 0);
+        for r in 0..64 {
+            let filters: Vec<Value> = (0..16)
+                .map(|f| {
+                    let words: Vec<String> = (0..16).map(|w| format!("z{a}x{r}x{f}x{w}")).collect();
+                    json!({"kinds": [1], "search": words.join(" "), "limit": 0})
+                })
+                .collect();
+            match c.req(&format!("s{r}"), filters).await {
+                tests::client::ReqResult::Events(_) => live += 1,
+                tests::client::ReqResult::Closed(why) => {
+                    refused += 1;
+                    reasons.insert(why.split(':').next().unwrap_or_default().to_string());
+                }
+            }
+        }
+        eprintln!("attacker {a}: {live} REQs live, {refused} refused ({reasons:?})");
+        held.push(live);
+        assert_eq!(refused + live, 64);
+        assert!(
+            refused >= 63,
+            "attacker {a}: {live} REQs of 16 search filters held"
+        );
+    }
+    // A REQ of 8 search filters fits one connection's share, and the relay's
+    // share (12) runs out at the second connection.
+    let eight: Vec<Value> = (0..8)
+        .map(|f| json!({"kinds": [1], "search": format!("y{f}"), "limit": 0}))
+        .collect();
+    let first = attackers[0].req("eight", eight.clone()).await;
+    assert!(
+        matches!(first, tests::client::ReqResult::Events(_)),
+        "8 search filters refused"
+    );
+    match attackers[1].req("eight", eight.clone()).await {
+        tests::client::ReqResult::Closed(why) => assert!(why.starts_with("rate-limited:"), "{why}"),
+        tests::client::ReqResult::Events(_) => panic!("the relay's share was passed"),
+    }
+    // Closing a subscription gives its share back.
+    attackers[0].send(json!(["CLOSE", "eight"])).await;
+    let mut given_back = false;
+    for _ in 0..50 {
+        if let tests::client::ReqResult::Events(_) = attackers[1].req("eight", eight.clone()).await {
+            given_back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(given_back, "a closed subscription kept its share");
+
+    let attacked = live_delays(&mut publisher, &mut watcher, &k, "attacked", 20).await;
+    let p99 = |d: &[Duration]| d[d.len() - 1];
+    eprintln!(
+        "live delivery of a 120 KB event to another subscriber, worst of 20: {:?} alone, {:?} under the attack ({:.2}x)",
+        p99(&alone),
+        p99(&attacked),
+        p99(&attacked).as_secs_f64() / p99(&alone).as_secs_f64()
+    );
 }

@@ -265,6 +265,38 @@ async fn metrics_move_with_events_deliveries_and_failures(backend: Backend) {
         ),
         1.0
     );
+    // Every status of a delivery and of a run is a series from the first
+    // scrape, at 0 while no row has it.
+    for (name, statuses) in [
+        (
+            "relay_deliveries",
+            &[
+                "pending",
+                "claimed",
+                "delivered",
+                "failed",
+                "expired",
+                "cancelled",
+            ][..],
+        ),
+        (
+            "relay_runs",
+            &["running", "waiting", "completed", "failed", "cancelled"][..],
+        ),
+    ] {
+        for status in statuses {
+            let present = before.samples.iter().any(|s| {
+                s.metric == name
+                    && s.labels.get("community") == Some("default")
+                    && s.labels.get("status") == Some(*status)
+            });
+            assert!(present, "{name}{{status={status}}} missing from the first scrape");
+            assert_eq!(
+                value(&before, name, &[("community", "default"), ("status", status)]),
+                0.0
+            );
+        }
+    }
     let mut fx = Fixture::new(&relay, "ops", 1).await;
     let agent = fx.agents[0].clone();
     let text = format!("{} look", fx.mention(0));

@@ -785,13 +785,7 @@ async fn limits_are_enforced(backend: Backend) {
 }
 
 async fn malformed_input_answers(backend: Backend) {
-    let relay = Relay::start_opts(
-        &backend,
-        RelayOptions {
-            config_toml: "[limits]\nmax_future_secs = 900\n".into(),
-            ..Default::default()
-        },
-    );
+    let relay = Relay::start(&backend);
     let mut c = Client::connect(&relay.ws_url()).await;
     let k = Keys::generate();
     for bad in [
@@ -830,11 +824,24 @@ async fn malformed_input_answers(backend: Backend) {
         .await;
     let (ok, msg) = c.wait_ok(&good.id.to_hex()).await;
     assert!(!ok && msg.starts_with("invalid:"), "{msg}");
-    // Far future created_at (`max_future_secs` set; unset, no bound).
+    // Far future created_at (`max_future_secs`, 15 minutes by default; a
+    // larger bound lifts it).
     let future = event_at(&k, 1, "future", &[], now() + 3600);
     let (ok, msg) = c.publish(&future).await;
     assert!(!ok && msg.starts_with("invalid:"), "{msg}");
-    let unbounded = Relay::start(&backend);
+    let by_default = Relay::start(&backend);
+    let mut plain = Client::connect(&by_default.ws_url()).await;
+    let ten_years = event_at(&k, 1, "ten years", &[], now() + 10 * 365 * 86_400);
+    let (ok, msg) = plain.publish(&ten_years).await;
+    assert!(!ok && msg.starts_with("invalid:"), "{msg}");
+    plain.publish_ok(&event_at(&k, 1, "soon", &[], now() + 600)).await;
+    let unbounded = Relay::start_opts(
+        &backend,
+        RelayOptions {
+            config_toml: "[limits]\nmax_future_secs = 9223372036854775807\n".into(),
+            ..Default::default()
+        },
+    );
     let mut open = Client::connect(&unbounded.ws_url()).await;
     open.publish_ok(&event_at(&k, 1, "next year", &[], now() + 366 * 86_400))
         .await;
@@ -953,6 +960,22 @@ async fn communities_are_isolated(backend: Backend) {
     assert!(Client::connect_host(&relay.ws_url(), Some("unknown.test"))
         .await
         .is_err());
+    // The dashboard's page and files too: 404 for an unknown host, served
+    // to a known one.
+    for path in ["/ui", "/ui/", "/ui/app.js", "/ui/app.css"] {
+        let url = format!("{}{path}", relay.http_url());
+        let r = http
+            .get(&url)
+            .header("Host", "unknown.test")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 404, "{path}");
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(body["error"], "unknown_host", "{path}");
+        let r = http.get(&url).header("Host", "other.test").send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+    }
     // AUTH in the other community must name the other community's URL.
     let (ok, _) = b.auth_as(&k, &relay.ws_url()).await;
     assert!(!ok);

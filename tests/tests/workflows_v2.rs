@@ -24,6 +24,7 @@ backend_tests!(
     a_cron_slot_fires_once_with_two_processes,
     all_waits_for_every_reply_even_when_they_finish_at_once,
     finishes_of_two_runs_at_once_all_succeed,
+    a_condition_that_grows_without_bound_fails_its_run,
 );
 
 const FAST: &str = "[deliveries]\nretry_base_secs = 1\nretry_cap_secs = 2\nsweep_interval_ms = 200\n\
@@ -353,6 +354,11 @@ async fn v2_definitions_are_validated_at_publish(backend: Backend) {
             "invalid: step b: if: > does not apply to (string, int) (line 1, column 24)",
         ),
         (
+            json!([{"id": "a", "action": "send_message", "text": "x",
+                    "if": "[trigger.text].map(x, x + x).map(x, x + x).map(x, x + x).size() > 0"}]),
+            "invalid: step a: if: at most 2 comprehensions may be chained",
+        ),
+        (
             json!([{"id": "d", "action": "delay", "secs": 0}]),
             "invalid: step d: secs:",
         ),
@@ -514,4 +520,35 @@ async fn finishes_of_two_runs_at_once_all_succeed(backend: Backend) {
             assert_eq!(run["status"], "completed", "{run}");
         }
     }
+}
+
+/// A condition whose values grow with the run's data (a string doubled
+/// per link of a chain) is refused as it runs, once its evaluation passes
+/// its budget: the run fails visibly with `condition_error: too large`,
+/// and the relay goes on serving. The same definition with a small body
+/// completes.
+async fn a_condition_that_grows_without_bound_fails_its_run(backend: Backend) {
+    let relay = Relay::start_opts(&backend, options());
+    let mut fx = Fixture::new(&relay, "ops", 0).await;
+    let grow = "[trigger.body.s].map(x, x + x + x + x + x + x + x + x)\
+                .map(x, x + x + x + x + x + x + x + x).size() > 0";
+    let def = json!({"name": "grow", "trigger": {"on": "manual"}, "steps": [
+        {"id": "a", "action": "send_message", "text": "grew", "if": grow}]});
+    fx.define("grow", &def).await;
+    let small = start_run(&relay, &fx.owner, "grow", json!({"s": "ab"})).await;
+    let run = run_until(&relay, &fx.owner, &small, 10, ended).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let started = std::time::Instant::now();
+    let large = start_run(&relay, &fx.owner, "grow", json!({"s": "a".repeat(512 * 1024)})).await;
+    let run = run_until(&relay, &fx.owner, &large, 10, ended).await;
+    eprintln!(
+        "a 512 KiB body through the growing condition: failed after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(run["status"], "failed", "{run}");
+    assert_eq!(run["error"]["code"], "condition_error", "{run}");
+    let message = run["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.starts_with("too large"), "{run}");
+    // The relay still answers.
+    fx.post("still here").await;
 }

@@ -1,7 +1,8 @@
 //! Approvals by people: one request per `request_approval` step, decided
 //! once. A NIP-25 reaction by an approver on the request decides it in the
-//! transaction that stores the reaction (`on_reaction`); the step's
-//! deadline decides it `timed_out` in the engine's. Either is one UPDATE
+//! transaction that stores the reaction (`on_reaction`), only while the
+//! database clock is before the request's deadline; from the deadline on,
+//! the engine decides it `timed_out` (`time_out`), whenever its pass comes. Either is one UPDATE
 //! that requires no decision yet, so the first wins across relay processes
 //! and the loser changes nothing. The engine reads the decision from the
 //! store (never from live traffic), so a decision stored while no engine
@@ -25,7 +26,9 @@ pub struct Decided {
     pub request_event_id: String,
 }
 
-/// Records the request a step just posted.
+/// Records the request a step just posted, open until `deadline` (unix
+/// seconds, exclusive).
+#[allow(clippy::too_many_arguments)]
 pub async fn record_request(
     tx: &mut Tx<'_>,
     community: &str,
@@ -34,13 +37,15 @@ pub async fn record_request(
     channel: &str,
     request: &Event,
     approvers: &[PublicKey],
+    deadline: i64,
 ) -> Result<(), StoreError> {
     let list: Vec<String> = approvers.iter().map(PublicKey::to_hex).collect();
     let list = serde_json::to_string(&list).map_err(|e| StoreError::Corrupt(e.to_string()))?;
     tx.exec(
         Q::new(
             "INSERT INTO workflow_approvals (community_id, request_event_id, run_id, step_id, channel, \
-             approvers, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
+             approvers, created_at, deadline) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+             ON CONFLICT DO NOTHING",
         )
         .bind(community)
         .bind(request.id.to_bytes())
@@ -48,16 +53,19 @@ pub async fn record_request(
         .bind(step_id)
         .bind(channel)
         .bind(list)
-        .bind(super::events::created_at_of(request)),
+        .bind(super::events::created_at_of(request))
+        .bind(deadline),
     )
     .await?;
     Ok(())
 }
 
 /// A reaction stored in `channel`: when it is an approver's decision on an
-/// open request there, it decides the request (the first one only) and
-/// returns the run to wake (the caller pokes it in the same transaction).
-/// Any other reaction changes nothing here.
+/// open request there, before the request's deadline by the database
+/// clock (never by the reaction's own `created_at`, which its author
+/// chose), it decides the request (the first one only) and returns the
+/// run to wake (the caller pokes it in the same transaction). Any other
+/// reaction, and one that comes late, changes nothing here.
 pub async fn on_reaction(
     tx: &mut Tx<'_>,
     community: &str,
@@ -70,15 +78,18 @@ pub async fn on_reaction(
     let Some(request) = approval::reacted_to(reaction).and_then(super::events::id_of_hex) else {
         return Ok(None);
     };
+    let now = tx.now().await?;
     let row = tx
         .one(
             Q::new(
                 "SELECT run_id, approvers FROM workflow_approvals WHERE community_id = $1 \
-                 AND request_event_id = $2 AND channel = $3 AND decision IS NULL",
+                 AND request_event_id = $2 AND channel = $3 AND decision IS NULL \
+                 AND (deadline IS NULL OR deadline > $4)",
             )
             .bind(community)
             .bind(request)
-            .bind(channel),
+            .bind(channel)
+            .bind(now),
         )
         .await?;
     let Some(row) = row else { return Ok(None) };

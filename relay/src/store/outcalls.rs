@@ -20,6 +20,9 @@ use super::StoreError;
 #[derive(Debug, Clone)]
 pub struct OutCall {
     pub workflow_id: String,
+    /// Hex pubkey of the workflow's owner (whose share of the slots the
+    /// call takes).
+    pub owner: String,
     pub run_id: String,
     pub step_id: String,
     pub attempt: i64,

@@ -538,6 +538,8 @@ async fn start(tx: &mut Tx<'_>, c: &StepCtx<'_>, out: &mut StepOutcome) -> Resul
                 Err(why) => return Ok(c.failed(Value::Null, why, OnFailure::Fail)),
             };
             let approvers = recipients_of(&request);
+            // The deadline `resume_approval` applies: the step starts now.
+            let deadline = c.now.saturating_add(approval_timeout(*timeout_secs));
             approvals::record_request(
                 tx,
                 c.community,
@@ -546,11 +548,10 @@ async fn start(tx: &mut Tx<'_>, c: &StepCtx<'_>, out: &mut StepOutcome) -> Resul
                 &c.run.channel,
                 &request,
                 &approvers,
+                deadline,
             )
             .await?;
-            Ok(Next::Wait {
-                wake_at: c.now.saturating_add(approval_timeout(*timeout_secs)),
-            })
+            Ok(Next::Wait { wake_at: deadline })
         }
         Step::CallWebhook { .. } => start_call(tx, c, out).await,
     }
@@ -622,6 +623,7 @@ async fn send_call(
     outcalls::record(tx, c.community, c.run_id, step_id, attempt, url, body, times).await?;
     out.calls.push(OutCall {
         workflow_id: c.run.workflow_id.clone(),
+        owner: c.run.owner.to_hex(),
         run_id: c.run_id.to_string(),
         step_id: step_id.to_string(),
         attempt,

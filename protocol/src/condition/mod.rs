@@ -14,15 +14,25 @@
 //!
 //! Bounds: the source is at most [`MAX_CONDITION_BYTES`]; the parser
 //! nests at most 96 levels (the crate's default); comprehensions
-//! (`exists`, `all`, `map`, `filter`, ...) do not nest, so one condition
-//! costs at most linear time in the size of the run's context.
+//! (`exists`, `all`, `map`, `filter`, ...) do not nest and chain at most
+//! [`MAX_CHAINED_COMPREHENSIONS`] deep. Evaluation has a budget of its own
+//! (`budget`): the bytes of the values it makes and the operations that
+//! make them, counted as they are made, so that no condition, whatever
+//! the run's context holds, grows a value beyond [`MAX_EVAL_BYTES`].
 
 use cel::common::ast::{EntryExpr, Expr, IdedExpr, LiteralValue};
 use cel::{Context, Program};
 use serde_json::Value;
 
+mod budget;
+pub use budget::{MAX_EVAL_BYTES, MAX_EVAL_STEPS};
+
 /// Longest condition accepted.
 pub const MAX_CONDITION_BYTES: usize = 2048;
+
+/// Most comprehensions in a chain, each iterating over what the one
+/// before it made (`l.filter(…).map(…)`).
+pub const MAX_CHAINED_COMPREHENSIONS: u32 = 2;
 
 /// The static type of a value of a run's context, as far as publish knows
 /// it; `Dyn` is anything (trigger data, list elements).
@@ -88,7 +98,8 @@ pub struct ConditionError {
 /// A compiled, checked condition.
 #[derive(Debug)]
 pub struct Condition {
-    program: Program,
+    /// The program's tree with every operation counted (see `budget`).
+    counted: IdedExpr,
 }
 
 impl Condition {
@@ -123,18 +134,29 @@ impl Condition {
             let message = format!("the condition must be a bool, not {}", ty.name());
             return Err(at(src, &program, root.id, message));
         }
-        Ok(Condition { program })
+        let counted = budget::counted(program.expression());
+        Ok(Condition { counted })
     }
 
     /// Evaluates against a run's context `{"trigger": …, "steps": {id: {"output": …}}}`.
-    /// `Err` is the evaluator's message (the run fails with `condition_error`).
+    /// `Err` is the evaluator's message (the run fails with `condition_error`);
+    /// an evaluation over its budget of bytes and operations is `too large`.
     pub fn eval(&self, ctx: &Value) -> Result<bool, String> {
         let mut c = Context::default();
         for name in ["trigger", "steps"] {
             c.add_variable(name, &ctx[name])
                 .map_err(|e| format!("{name}: {e}"))?;
         }
-        match self.program.execute(&c) {
+        let spent = std::sync::Arc::new(budget::Spent::default());
+        budget::install(&mut c, spent.clone());
+        let result = cel::Value::resolve(&self.counted, &c);
+        if spent.over() {
+            return Err(format!(
+                "too large: the evaluation passed its budget of {MAX_EVAL_BYTES} bytes \
+                 or {MAX_EVAL_STEPS} operations"
+            ));
+        }
+        match result {
             Ok(cel::Value::Bool(b)) => Ok(b),
             Ok(other) => Err(format!("the condition gave {:?}, not a bool", other.type_of())),
             Err(e) => Err(e.to_string()),
@@ -319,6 +341,15 @@ impl Checker<'_, '_> {
                 "comprehensions (exists, all, map, filter) may not nest".into(),
             ));
         }
+        if comprehensions_in(&c.iter_range, 0) >= MAX_CHAINED_COMPREHENSIONS {
+            return Err((
+                id,
+                format!(
+                    "at most {MAX_CHAINED_COMPREHENSIONS} comprehensions may be chained \
+                     (one's list made by another)"
+                ),
+            ));
+        }
         let range = self.ty(&c.iter_range)?;
         if !matches!(range, Ty::List | Ty::Map | Ty::Dyn) {
             return Err((c.iter_range.id, format!("cannot iterate over a {}", range.name())));
@@ -421,6 +452,28 @@ impl Checker<'_, '_> {
             }
             other => Err((id, format!("unknown function {other}"))),
         }
+    }
+}
+
+/// How many comprehensions the tree of `e` holds (counting stops past
+/// the chain's bound; `depth` bounds the walk).
+fn comprehensions_in(e: &IdedExpr, depth: u32) -> u32 {
+    if depth > 128 {
+        return MAX_CHAINED_COMPREHENSIONS;
+    }
+    let sum = |es: &mut dyn Iterator<Item = &IdedExpr>| -> u32 {
+        es.map(|x| comprehensions_in(x, depth + 1)).sum()
+    };
+    match &e.expr {
+        Expr::Comprehension(c) => 1 + comprehensions_in(&c.iter_range, depth + 1),
+        Expr::Call(call) => sum(&mut call.target.iter().map(|t| &**t).chain(call.args.iter())),
+        Expr::Select(s) => comprehensions_in(&s.operand, depth + 1),
+        Expr::List(l) => sum(&mut l.elements.iter()),
+        Expr::Map(m) => sum(&mut m.entries.iter().filter_map(|en| match &en.expr {
+            EntryExpr::MapEntry(me) => Some(&me.value),
+            EntryExpr::StructField(_) => None,
+        })),
+        _ => 0,
     }
 }
 
@@ -624,5 +677,69 @@ mod tests {
             assert!(e.message.contains(why), "{src}: {e}");
         }
         assert!(Condition::compile(&"true || ".repeat(400), &earlier()).is_err());
+        let e = refused("trigger.body.l.map(x, x).map(x, x).map(x, x).size() > 0");
+        assert!(e.message.contains("may be chained"), "{e}");
+        // Two in a chain are fine.
+        Condition::compile(
+            "trigger.body.l.filter(x, x != '').map(x, x).size() > 0",
+            &earlier(),
+        )
+        .unwrap();
+    }
+
+    /// A context whose trigger body holds a string of `n` bytes (`s`) and a
+    /// list of `n` one-byte strings (`l`).
+    fn big(n: usize) -> Value {
+        let l: Vec<String> = (0..n).map(|_| "x".to_string()).collect();
+        json!({"trigger": {"text": "", "body": {"s": "a".repeat(n), "l": l}}, "steps": {}})
+    }
+
+    fn run_on(src: &str, ctx: &Value) -> Result<bool, String> {
+        Condition::compile(src, &earlier())
+            .map_err(|e| format!("refused at publish: {e}"))?
+            .eval(ctx)
+    }
+
+    #[test]
+    fn growth_is_refused_as_too_large() {
+        let ctx = big(100_000);
+        let attacks = [
+            // A string doubled per link.
+            "[trigger.body.s].map(x, x + x).map(x, x + x + x + x).size() > 0".to_string(),
+            // A long sum of a large string.
+            format!("size({}) > 0", vec!["trigger.body.s"; 40].join(" + ")),
+            // Literals copy what they hold.
+            format!("size([{}]) > 0", vec!["trigger.body.s"; 40].join(", ")),
+            format!(
+                "size({{{}}}) > 0",
+                (0..40)
+                    .map(|i| format!("'{i}': trigger.body.s"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            // A list times a list.
+            "trigger.body.l.map(x, trigger.body.l).size() > 0".to_string(),
+            "trigger.body.l.map(x, trigger.body.s).size() > 0".to_string(),
+            // An error CEL would absorb does not hide the spending.
+            format!("size({}) > 0 || true", vec!["trigger.body.s"; 40].join(" + ")),
+        ];
+        for src in &attacks {
+            let e = run_on(src, &ctx).expect_err(src);
+            assert!(e.starts_with("too large"), "{src}: {e}");
+        }
+        // The same shapes over small values pass.
+        let small = big(10);
+        for src in &attacks {
+            assert!(run_on(src, &small).is_ok(), "{src}");
+        }
+        // Reading a large value costs nothing: nothing is made.
+        let reads =
+            "size(trigger.body.s) == 100000 && trigger.body.s.startsWith('a') && size(trigger.body.l) > 9";
+        assert_eq!(run_on(reads, &ctx), Ok(true));
+        // A comprehension copies its list's elements one by one: its list
+        // counts, as does each operation.
+        assert_eq!(run_on("trigger.body.l.all(x, x == 'x')", &big(1_000)), Ok(true));
+        let e = run_on("trigger.body.l.all(x, x == 'x')", &ctx).unwrap_err();
+        assert!(e.starts_with("too large"), "{e}");
     }
 }
