@@ -9,6 +9,7 @@ import assert from 'node:assert/strict'
 import WebSocket from 'ws'
 import { finalizeEvent, generateSecretKey } from 'nostr-tools/pure'
 import { Relay, useWebSocketImplementation } from 'nostr-tools/relay'
+import { runChecks } from './checks.mjs'
 
 useWebSocketImplementation(WebSocket)
 
@@ -91,19 +92,4 @@ const checks = [
   }],
 ]
 
-let passed = 0
-let failed = 0
-for (const [name, fn] of checks) {
-  try {
-    await fn()
-    passed++
-    console.log(`ok: ${name}`)
-  } catch (err) {
-    failed = 1
-    console.log(`FAILED: ${name}: ${err.message}`)
-    break
-  }
-}
-relay.close()
-console.log(`ids client: ${passed} of ${checks.length} checks passed`)
-process.exit(failed ? 1 : 0)
+await runChecks('ids client', checks, () => relay.close())

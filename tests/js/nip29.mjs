@@ -16,6 +16,7 @@ import { Relay, useWebSocketImplementation } from 'nostr-tools/relay'
 import { SimplePool, useWebSocketImplementation as usePoolWebSocket } from 'nostr-tools/pool'
 import { fetchRelayInformation } from 'nostr-tools/nip11'
 import * as nip29 from 'nostr-tools/nip29'
+import { runChecks } from './checks.mjs'
 
 useWebSocketImplementation(WebSocket)
 usePoolWebSocket(WebSocket)
@@ -143,21 +144,7 @@ check('remove-user and leave keep the members list current', async () => {
   }
 })
 
-// Each check builds on the ones before it: the first failure ends the run.
-let passed = 0
-let failed = 0
-for (const [name, fn] of checks) {
-  try {
-    await fn()
-    passed++
-    console.log(`ok: ${name}`)
-  } catch (err) {
-    failed = 1
-    console.log(`FAILED: ${name}: ${err.message}`)
-    break
-  }
-}
-for (const u of [admin, alice, bob]) u.relay.close()
-pool.destroy()
-console.log(`nip29 client: ${passed} of ${checks.length} checks passed`)
-process.exit(failed ? 1 : 0)
+await runChecks('nip29 client', checks, () => {
+  for (const u of [admin, alice, bob]) u.relay.close()
+  pool.destroy()
+})

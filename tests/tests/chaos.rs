@@ -1,30 +1,44 @@
 //! A short crash campaign per backend (the long one is documented in
 //! docs/reliability.md): real relay and agent processes killed at every
 //! chosen point and at random times; the checker must find nothing lost,
-//! duplicated or stuck.
+//! duplicated, stuck or unreadable, every kill point reached, and no point
+//! with more visible failures than its bound. And the checker itself: a
+//! campaign whose work is broken on purpose (`--sabotage`) must fail.
 
-use std::process::Command;
+use std::process::{Command, Output};
 
 use tests::workspace_bin;
 
-fn campaign(args: &[&str]) {
+fn run(args: &[&str]) -> (Output, String) {
     let out = Command::new(workspace_bin("chaos"))
         .args(args)
         .output()
         .expect("run chaos");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let summary = stdout
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("{stdout}");
+    (out, stdout)
+}
+
+fn summary(stdout: &str) -> String {
+    stdout
         .lines()
         .find(|l| l.starts_with("chaos "))
         .unwrap_or_default()
-        .to_string();
-    eprintln!("{stdout}");
+        .to_string()
+}
+
+fn campaign(args: &[&str]) {
+    let (out, stdout) = run(args);
+    let summary = summary(&stdout);
     assert!(
         out.status.success(),
         "campaign failed: {summary}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     for bad in [
+        "unreadable=0",
+        "acked_without_run=0",
+        "delivered_without_effect=0",
         "lost=0",
         "duplicate_side_effects=0",
         "duplicate_replies=0",
@@ -39,6 +53,10 @@ fn campaign(args: &[&str]) {
     ] {
         assert!(summary.contains(&format!(" {bad} ")), "{summary}");
     }
+    assert!(
+        !summary.contains(" acked=0 "),
+        "nothing was acknowledged: {summary}"
+    );
     // Every chosen kill point was reached.
     let reached = stdout
         .lines()
@@ -51,11 +69,63 @@ fn campaign(args: &[&str]) {
     }
 }
 
+/// A short SQLite campaign broken by `sabotage`: it must exit non-zero;
+/// its output.
+fn sabotaged(sabotage: &str, trials: &str) -> String {
+    let (out, stdout) = run(&[
+        "--trials",
+        trials,
+        "--backend",
+        "sqlite",
+        "--parallel",
+        "1",
+        "--seed",
+        "3",
+        "--sabotage",
+        sabotage,
+    ]);
+    assert!(
+        !out.status.success(),
+        "--sabotage {sabotage}: the campaign passed\n{stdout}"
+    );
+    stdout
+}
+
+#[test]
+fn the_checker_fails_sabotaged_campaigns() {
+    // Trials 0 and 1 kill the agent before and after its claim.
+    for (sabotage, trials, failed) in [
+        ("handler-fails", "2", "failed visibly"),
+        ("unreachable-point", "1", "not reached"),
+    ] {
+        let stdout = sabotaged(sabotage, trials);
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with("FAILED:") && l.contains(failed)),
+            "--sabotage {sabotage}: no FAILED line naming {failed:?}\n{stdout}"
+        );
+    }
+    for (sabotage, counter) in [
+        ("delete-messages", "unreadable="),
+        ("no-runs", "acked_without_run="),
+        ("forget-side-effects", "delivered_without_effect="),
+    ] {
+        let summary = summary(&sabotaged(sabotage, "1"));
+        let n: usize = summary
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix(counter))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        assert!(n > 0, "--sabotage {sabotage}: {counter}0\n{summary}");
+    }
+}
+
 #[test]
 fn short_campaign_sqlite() {
     campaign(&[
         "--trials",
-        "24",
+        "48",
         "--backend",
         "sqlite",
         "--parallel",
@@ -74,7 +144,7 @@ fn short_campaign_postgres() {
     }
     campaign(&[
         "--trials",
-        "24",
+        "48",
         "--backend",
         "postgres",
         "--parallel",

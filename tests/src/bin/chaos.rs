@@ -6,7 +6,15 @@
 //! cargo run -p tests --bin chaos -- --trials 1000 --backend postgres --pg-faults
 //!
 //! Prints one summary line and exits non-zero when anything was lost,
-//! duplicated or stuck (visible failures are counted, not errors).
+//! duplicated or stuck; when an acknowledged message cannot be read back
+//! over REQ or started no run; when a delivery marked delivered has no
+//! side effect; when a kill point was never reached; or when more of a
+//! point's work failed visibly than `--max-failure-share` (each point's
+//! failures are printed with their codes).
+//!
+//! `--sabotage` breaks the work on purpose, to show the checker fails the
+//! campaign: `handler-fails`, `unreachable-point`, `delete-messages`,
+//! `no-runs`, `forget-side-effects`.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -43,6 +51,28 @@ struct Args {
     pg_faults: bool,
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Most of a kill point's deliveries and runs that may fail visibly
+    /// (a share, 0 to 1) before the campaign fails.
+    #[arg(long, default_value_t = 0.5)]
+    max_failure_share: f64,
+    /// Breaks the work on purpose (see the module's doc).
+    #[arg(long, value_enum)]
+    sabotage: Option<Sabotage>,
+}
+
+/// What `--sabotage` breaks.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum Sabotage {
+    /// The agent's handler fails every delivery (visible failures).
+    HandlerFails,
+    /// Each trial arms a fault point no code has (never reached).
+    UnreachablePoint,
+    /// The owner deletes (NIP-09) each message once acknowledged.
+    DeleteMessages,
+    /// The owner deletes the workflows (NIP-09) before the campaign.
+    NoRuns,
+    /// The checker reads the side-effect log as empty.
+    ForgetSideEffects,
 }
 
 /// Where a trial kills a process.
@@ -151,8 +181,20 @@ struct Counts {
     webhook_interrupted: usize,
     /// Approval steps that ended with more than one decision message.
     approvals_decided_twice: usize,
+    /// Trigger messages the relay acknowledged (`OK true`).
+    acked: usize,
+    /// Acknowledged messages a REQ by id did not return.
+    unreadable: usize,
+    /// Acknowledged messages that started no run.
+    acked_without_run: usize,
+    /// Deliveries marked delivered whose side effect never ran.
+    delivered_without_effect: usize,
     kills: usize,
     points_reached: HashMap<String, (usize, usize)>,
+    /// By kill point: (deliveries and runs that failed visibly, all of them).
+    failures_by_point: HashMap<String, (usize, usize)>,
+    /// By kill point and failure code: how many.
+    failure_codes: HashMap<(String, String), usize>,
 }
 
 impl Counts {
@@ -174,12 +216,63 @@ impl Counts {
         self.webhook_calls_twice += o.webhook_calls_twice;
         self.webhook_interrupted += o.webhook_interrupted;
         self.approvals_decided_twice += o.approvals_decided_twice;
+        self.acked += o.acked;
+        self.unreadable += o.unreadable;
+        self.acked_without_run += o.acked_without_run;
+        self.delivered_without_effect += o.delivered_without_effect;
         self.kills += o.kills;
-        for (k, (a, b)) in &o.points_reached {
-            let e = self.points_reached.entry(k.clone()).or_default();
-            e.0 += a;
-            e.1 += b;
+        for (from, to) in [
+            (&o.points_reached, &mut self.points_reached),
+            (&o.failures_by_point, &mut self.failures_by_point),
+        ] {
+            for (k, (a, b)) in from {
+                let e = to.entry(k.clone()).or_default();
+                e.0 += a;
+                e.1 += b;
+            }
         }
+        for (k, n) in &o.failure_codes {
+            *self.failure_codes.entry(k.clone()).or_default() += n;
+        }
+    }
+
+    /// Counts one delivery or run of the trial at `point`, failed visibly
+    /// with `code` or not (`None`).
+    fn work(&mut self, point: &str, failed: Option<&str>) {
+        let e = self.failures_by_point.entry(point.to_string()).or_default();
+        e.1 += 1;
+        if let Some(code) = failed {
+            e.0 += 1;
+            let code = if code.is_empty() { "(none)" } else { code };
+            *self
+                .failure_codes
+                .entry((point.to_string(), code.to_string()))
+                .or_default() += 1;
+        }
+    }
+
+    /// Kill points never reached in some trial.
+    fn unreached(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .points_reached
+            .iter()
+            .filter(|(_, (hit, of))| hit < of)
+            .map(|(k, (hit, of))| format!("{k}:{hit}/{of}"))
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Kill points where more than `max_share` of the work failed visibly.
+    fn failing_points(&self, max_share: f64) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .failures_by_point
+            .iter()
+            .filter(|(_, (failed, of))| *of > 0 && *failed as f64 > max_share * *of as f64)
+            .map(|(k, (failed, of))| format!("{k}:{failed}/{of}"))
+            .collect();
+        out.sort();
+        out
     }
 
     fn bad(&self) -> usize {
@@ -194,6 +287,9 @@ impl Counts {
             + self.runs_without_final
             + self.webhook_calls_twice
             + self.approvals_decided_twice
+            + self.unreadable
+            + self.acked_without_run
+            + self.delivered_without_effect
     }
 }
 
@@ -203,6 +299,7 @@ default_lease_secs = 3\nmax_lease_secs = 30\nsweep_interval_ms = 200\n\
 [webhooks]\ncall_grace_secs = 1\n[communities.default]\nwebhook_allow_hosts = [\"127.0.0.1\"]\n";
 
 struct Lane {
+    sabotage: Option<Sabotage>,
     /// Relays of the lane: [A] or [A, B] (B serves the agent).
     relays: Vec<Relay>,
     agent: AgentProc,
@@ -291,15 +388,17 @@ async fn approve_open(
     }
 }
 
-fn handler_script(store: &Store) -> (String, PathBuf) {
+fn handler_script(store: &Store, fails: bool) -> (String, PathBuf) {
     let dir = store.dir.path();
     let side_log = dir.join("side-effects.log");
     let script = dir.join("side-effect.sh");
     // The side effect: one line per delivery, appended (then the reply).
+    // Sabotaged, it fails before any.
+    let fail = if fails { "echo sabotaged >&2; exit 1\n" } else { "" };
     std::fs::write(
         &script,
         format!(
-            "#!/bin/sh\npython3 -c 'import json,sys; d=json.load(sys.stdin); print(\"\\n\".join(m[\"delivery_id\"] for m in d[\"messages\"]))' >> {}\necho done\n",
+            "#!/bin/sh\n{fail}python3 -c 'import json,sys; d=json.load(sys.stdin); print(\"\\n\".join(m[\"delivery_id\"] for m in d[\"messages\"]))' >> {}\necho done\n",
             side_log.display()
         ),
     )
@@ -315,7 +414,7 @@ fn handler_script(store: &Store) -> (String, PathBuf) {
 
 const AGENT_EXTRA: &str = "lease_secs = 3\npoll_interval_secs = 1\ndebounce_ms = 0\nmax_turn_deliveries = 1\nreconnect_min_ms = 50\nreconnect_max_ms = 500";
 
-async fn lane(backend: &Backend, two_relays: bool) -> Lane {
+async fn lane(backend: &Backend, two_relays: bool, sabotage: Option<Sabotage>) -> Lane {
     let store = Store::new(backend);
     let opts = RelayOptions {
         config_toml: RELAY_TOML.into(),
@@ -342,7 +441,7 @@ async fn lane(backend: &Backend, two_relays: bool) -> Lane {
     // approval, then posts the answer: every kind of wait a run has, with
     // a side effect at the end. Each message also starts a one-step run
     // whose call never retries.
-    fx.define(
+    let chaos = fx.define(
         "chaos",
         &serde_json::json!({"name": "chaos", "trigger": {"on": "message_posted"}, "steps": [
             {"id": "ask", "action": "ask_agent", "text": format!("{} work on {{{{trigger.text}}}}", fx.mention(0))},
@@ -354,16 +453,22 @@ async fn lane(backend: &Backend, two_relays: bool) -> Lane {
             {"id": "final", "action": "send_message", "text": "finished {{trigger.text}}: {{steps.ask.output.reply}}"}]}),
     )
     .await;
-    fx.define(
-        "once",
-        &serde_json::json!({"name": "once", "trigger": {"on": "message_posted"}, "steps": [
+    let once = fx
+        .define(
+            "once",
+            &serde_json::json!({"name": "once", "trigger": {"on": "message_posted"}, "steps": [
             {"id": "call", "action": "call_webhook", "url": hooks.url("/once"), "timeout_secs": 2,
              "body": {"text": "{{trigger.text}}"}}]}),
-    )
-    .await;
+        )
+        .await;
+    if sabotage == Some(Sabotage::NoRuns) {
+        let (a, b) = (chaos.id.to_hex(), once.id.to_hex());
+        let deletion = tests::event(&fx.owner, 5, "", &[&["e", &a], &["e", &b]]);
+        fx.owner_client.publish_ok(&deletion).await;
+    }
     let url = relays[0].ws_url();
     let approver = spawn_approver(store.clone(), url, approver, "chaos".into());
-    let (handler, side_log) = handler_script(&store);
+    let (handler, side_log) = handler_script(&store, sabotage == Some(Sabotage::HandlerFails));
     let agent_relay = relays.last().expect("a relay");
     let agent = AgentProc::start_env(
         agent_relay,
@@ -374,6 +479,7 @@ async fn lane(backend: &Backend, two_relays: bool) -> Lane {
         &[],
     );
     Lane {
+        sabotage,
         relays,
         agent,
         fx,
@@ -424,7 +530,10 @@ async fn trial(
         trials: 1,
         ..Default::default()
     };
-    let faults = point.faults();
+    let mut faults = point.faults();
+    if lane.sabotage == Some(Sabotage::UnreachablePoint) {
+        faults = vec![("relay", "chaos:no_such_point=kill*1")];
+    }
     for (which, spec) in &faults {
         if *which == "relay" {
             let env = vec![("RELAY_FAULTS".to_string(), spec.to_string())];
@@ -467,9 +576,21 @@ async fn trial(
                 let ev = tests::event(&owner, 9, &text, &[&["h", "chaos"]]);
                 poster.send(serde_json::json!(["EVENT", ev])).await;
                 match wait_ok(&mut poster, &ev.id.to_hex()).await {
-                    Some(true) => acked.push(text),
+                    Some(true) => acked.push((text, ev.id.to_hex())),
                     Some(false) | None => break,
                 }
+            }
+            if lane.sabotage == Some(Sabotage::DeleteMessages) && !acked.is_empty() {
+                let ids: Vec<Vec<String>> =
+                    acked.iter().map(|(_, id)| vec!["e".into(), id.clone()]).collect();
+                let tags: Vec<Vec<&str>> = ids
+                    .iter()
+                    .map(|t| t.iter().map(String::as_str).collect())
+                    .collect();
+                let tags: Vec<&[&str]> = tags.iter().map(Vec::as_slice).collect();
+                let deletion = tests::event(&owner, 5, "", &tags);
+                poster.send(serde_json::json!(["EVENT", deletion])).await;
+                let _ = wait_ok(&mut poster, &deletion.id.to_hex()).await;
             }
         }
         if acked.is_empty() {
@@ -493,10 +614,49 @@ async fn trial(
         c.kills += 1;
     }
     let key = format!("{point:?}");
-    c.points_reached.insert(key, (usize::from(reached), 1));
+    c.points_reached.insert(key.clone(), (usize::from(reached), 1));
     revive(lane);
-    check(lane, &tag, &acked, &mut c).await;
+    c.acked += acked.len();
+    c.unreadable += unreadable(lane, &acked).await;
+    let texts: Vec<String> = acked.into_iter().map(|(text, _)| text).collect();
+    check(lane, &key, &tag, &texts, &mut c).await;
     c
+}
+
+/// How many of the acknowledged messages a REQ by their ids, to the
+/// revived relay, does not return (retried for 30 s while the relay or
+/// its database comes back).
+async fn unreadable(lane: &Lane, acked: &[(String, String)]) -> usize {
+    if acked.is_empty() {
+        return 0;
+    }
+    let ids: Vec<&str> = acked.iter().map(|(_, id)| id.as_str()).collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut found = 0;
+    while Instant::now() < deadline {
+        if let Ok(mut c) = tests::Client::connect_host(&lane.relays[0].ws_url(), None).await {
+            // Not the test client's `req`: it panics on a relay that dies.
+            c.send(serde_json::json!(["REQ", "readback", {"ids": ids}])).await;
+            let mut seen = std::collections::HashSet::new();
+            loop {
+                match c.try_recv(Duration::from_secs(5)).await {
+                    Some(v) if v[0] == "EVENT" && v[1] == "readback" => {
+                        if let Some(id) = v[2]["id"].as_str() {
+                            seen.insert(id.to_string());
+                        }
+                    }
+                    Some(v) if v[0] == "EOSE" && v[1] == "readback" => {
+                        return ids.len() - seen.len();
+                    }
+                    Some(_) => {}
+                    None => break,
+                }
+            }
+            found = seen.len();
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    ids.len() - found
 }
 
 /// The OK for `id` within 5 s; `None` if the connection ended or nothing came.
@@ -514,8 +674,9 @@ async fn wait_ok(c: &mut tests::Client, id: &str) -> Option<bool> {
     None
 }
 
-/// Waits for the trial's deliveries to settle, then counts.
-async fn check(lane: &Lane, tag: &str, acked: &[String], c: &mut Counts) {
+/// Waits for the trial's deliveries to settle, then counts (the trial's
+/// kill point is `point`).
+async fn check(lane: &Lane, point: &str, tag: &str, acked: &[String], c: &mut Counts) {
     let store = &lane.store;
     let q = format!(
         "SELECT d.id, d.status, d.failure_code, d.message_event_id, r.trigger_context FROM workflow_agent_deliveries d \
@@ -560,7 +721,10 @@ async fn check(lane: &Lane, tag: &str, acked: &[String], c: &mut Counts) {
                 .any(|r| r.get(4).is_some_and(|ctx| ctx.contains(&format!("\"{text}\""))))
         })
         .count();
-    let side = std::fs::read_to_string(&lane.side_log).unwrap_or_default();
+    let side = match lane.sabotage {
+        Some(Sabotage::ForgetSideEffects) => String::new(),
+        _ => std::fs::read_to_string(&lane.side_log).unwrap_or_default(),
+    };
     let agent_hex = lane.fx.agents[0].public_key().to_hex();
     let replies = store.sql_retrying(&format!(
         "SELECT raw FROM events WHERE kind = 9 AND pubkey = {}",
@@ -585,6 +749,10 @@ async fn check(lane: &Lane, tag: &str, acked: &[String], c: &mut Counts) {
         if effects > 1 {
             c.duplicate_side_effects += 1;
         }
+        if status == "delivered" && effects == 0 {
+            c.delivered_without_effect += 1;
+        }
+        let code = r.get(2).map(String::as_str).unwrap_or_default();
         let n_replies = replies_per_message.get(&msg).copied().unwrap_or(0);
         if n_replies > 1 {
             c.duplicate_replies += 1;
@@ -592,6 +760,7 @@ async fn check(lane: &Lane, tag: &str, acked: &[String], c: &mut Counts) {
         match status {
             "delivered" => {
                 c.delivered += 1;
+                c.work(point, None);
                 if n_replies == 0 {
                     c.delivered_without_reply += 1;
                 }
@@ -605,33 +774,45 @@ async fn check(lane: &Lane, tag: &str, acked: &[String], c: &mut Counts) {
                 ));
                 if notice.trim() == "1" {
                     c.visible_failures += 1;
+                    c.work(point, Some(code));
                 } else {
                     c.lost += 1;
                 }
             }
-            "cancelled" => c.visible_failures += 1,
+            "cancelled" => {
+                c.visible_failures += 1;
+                c.work(point, Some(code));
+            }
             _ => c.stuck += 1,
         }
     }
-    check_runs(lane, tag, c).await;
+    check_runs(lane, point, tag, acked, c).await;
 }
 
 /// Waits for the trial's runs to end, then checks each: nothing stuck
 /// running or waiting, no step run twice, a completed run posted its
 /// final message once, a run that did not complete says why.
-async fn check_runs(lane: &Lane, tag: &str, c: &mut Counts) {
+async fn check_runs(lane: &Lane, point: &str, tag: &str, acked: &[String], c: &mut Counts) {
     let store = &lane.store;
     let q = format!(
         "SELECT id, workflow_id, status, COALESCE(error_code, ''), trace FROM workflow_runs \
          WHERE trigger_context LIKE '%\"{tag}%'"
     );
     let deadline = Instant::now() + Duration::from_secs(30);
+    let q = q.replace("SELECT id,", "SELECT id, trigger_context,");
     let runs: Vec<Vec<String>> = loop {
         let runs: Vec<Vec<String>> = store
             .sql_retrying(&q)
             .lines()
             .filter(|l| !l.is_empty())
-            .map(|l| l.splitn(5, '|').map(str::to_string).collect())
+            .map(|l| l.splitn(6, '|').map(str::to_string).collect())
+            .filter(|r: &Vec<String>| r.len() == 6)
+            .map(|mut r| {
+                // The trigger context last: it is the one that may hold `|`.
+                let context = r.remove(1);
+                r.push(context);
+                r
+            })
             .collect();
         let open = runs
             .iter()
@@ -641,6 +822,10 @@ async fn check_runs(lane: &Lane, tag: &str, c: &mut Counts) {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
+    c.acked_without_run += acked
+        .iter()
+        .filter(|text| !runs.iter().any(|r| r[5].contains(&format!("\"{text}\""))))
+        .count();
     for r in &runs {
         let (id, workflow, status, code, trace) = (&r[0], r[1].as_str(), r[2].as_str(), r[3].as_str(), &r[4]);
         check_side_steps(lane, id, workflow, code, c);
@@ -688,9 +873,15 @@ async fn check_runs(lane: &Lane, tag: &str, c: &mut Counts) {
         }
         match status {
             "running" | "waiting" => c.runs_stuck += 1,
-            "completed" if workflow == "once" || finals == 1 => c.runs_ended += 1,
+            "completed" if workflow == "once" || finals == 1 => {
+                c.runs_ended += 1;
+                c.work(point, None);
+            }
             "completed" => c.runs_without_final += 1,
-            _ if !code.is_empty() => c.runs_ended += 1,
+            _ if !code.is_empty() => {
+                c.runs_ended += 1;
+                c.work(point, Some(code));
+            }
             _ => c.runs_stuck += 1,
         }
     }
@@ -758,9 +949,10 @@ async fn main() {
     for l in 0..lanes {
         let backend = backend.clone();
         let (trials, messages, pg_faults, seed) = (args.trials, args.messages, args.pg_faults, args.seed);
+        let sabotage = args.sabotage;
         handles.push(tokio::spawn(async move {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed.wrapping_mul(1000) + l as u64);
-            let mut lane = lane(&backend, pg_faults).await;
+            let mut lane = lane(&backend, pg_faults, sabotage).await;
             let mut counts = Counts::default();
             for t in (l..trials).step_by(lanes) {
                 let point = POINTS[t % POINTS.len()];
@@ -822,14 +1014,19 @@ async fn main() {
         .collect();
     reached.sort();
     println!(
-        "chaos backend={} trials={} deliveries={} delivered={} visible_failures={} lost={} duplicate_side_effects={} \
+        "chaos backend={} trials={} acked={} unreadable={} acked_without_run={} deliveries={} delivered={} \
+         delivered_without_effect={} visible_failures={} lost={} duplicate_side_effects={} \
          duplicate_replies={} replies_without_delivered={} delivered_without_reply={} stuck={} runs_ended={} \
          runs_stuck={} runs_advanced_twice={} runs_without_final={} webhook_calls_twice={} webhook_interrupted={} \
          approvals_decided_twice={} kills={} pg_restarts={} pg_terminations={} seconds={}",
         args.backend,
         total.trials,
+        total.acked,
+        total.unreadable,
+        total.acked_without_run,
         total.deliveries,
         total.delivered,
+        total.delivered_without_effect,
         total.visible_failures,
         total.lost,
         total.duplicate_side_effects,
@@ -850,8 +1047,40 @@ async fn main() {
         started.elapsed().as_secs()
     );
     println!("kill points reached: {}", reached.join(" "));
-    let _ = Keys::generate();
+    // Each point's visible failures, with the reason for each kind.
+    let mut points: Vec<&String> = total.failures_by_point.keys().collect();
+    points.sort();
+    for point in points {
+        let (failed, of) = total.failures_by_point[point];
+        let mut codes: Vec<String> = total
+            .failure_codes
+            .iter()
+            .filter(|((p, _), _)| p == point)
+            .map(|((_, code), n)| format!("{code}={n}"))
+            .collect();
+        codes.sort();
+        println!(
+            "failed visibly at {point}: {failed} of {of} ({})",
+            codes.join(" ")
+        );
+    }
+    let unreached = total.unreached();
+    let failing = total.failing_points(args.max_failure_share);
+    if !unreached.is_empty() {
+        println!("FAILED: kill points not reached: {}", unreached.join(" "));
+    }
+    if !failing.is_empty() {
+        println!(
+            "FAILED: more than {:.0}% of the work failed visibly at: {}",
+            args.max_failure_share * 100.0,
+            failing.join(" ")
+        );
+    }
     if total.bad() > 0 {
+        println!("FAILED: work lost, duplicated, stuck or unreadable (see the counts above)");
+    }
+    let _ = Keys::generate();
+    if total.bad() > 0 || !unreached.is_empty() || !failing.is_empty() {
         std::process::exit(1);
     }
 }
