@@ -397,6 +397,10 @@ pub struct WriterConfig {
     pub event_queue: usize,
     /// Plain events in one write transaction, at most.
     pub event_batch: usize,
+    /// Bytes of plain events (their JSON) in one write transaction, at
+    /// most (one event always goes, whatever its size): a bound on the
+    /// full-text indexing one batch does while it holds the write lock.
+    pub event_batch_bytes: usize,
     /// Calls (NIP-98 auth records, claims, renews, operations, finishes,
     /// channel events) waiting for the call writer, at most.
     pub call_queue: usize,
@@ -414,6 +418,7 @@ impl Default for WriterConfig {
         Self {
             event_queue: 8_192,
             event_batch: 512,
+            event_batch_bytes: 1024 * 1024,
             call_queue: 4_096,
             call_batch: 64,
             call_writers: 4,

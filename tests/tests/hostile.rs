@@ -28,6 +28,7 @@ backend_tests!(
     oversized_frames_close_with_1009,
     me_is_rate_limited,
     live_search_filters_are_bounded,
+    a_burst_of_large_events_does_not_hold_another_authors_write,
 );
 
 fn hex(k: &Keys) -> String {
@@ -877,4 +878,55 @@ async fn live_search_filters_are_bounded(backend: Backend) {
         p99(&attacked),
         p99(&attacked).as_secs_f64() / p99(&alone).as_secs_f64()
     );
+}
+
+/// A burst of large, many-word events (each costs the full-text index its
+/// words) from one author, then one small event from another: the
+/// writer's batches are bounded by bytes and take authors in turn, so the
+/// other author's event is answered before the burst is through. Prints
+/// the burst's length and the other event's wait.
+async fn a_burst_of_large_events_does_not_hold_another_authors_write(backend: Backend) {
+    let relay = Relay::start_opts(&backend, opts(FAST));
+    let (heavy, light) = (Keys::generate(), Keys::generate());
+    let mut burst = Client::connect(&relay.ws_url()).await;
+    let mut other = Client::connect(&relay.ws_url()).await;
+    // About 100 KB of 20,000 distinct words each: heavy to index.
+    let words: Vec<String> = (0..20_000).map(|i| format!("{i:04x}")).collect();
+    let content = words.join(" ");
+    const N: usize = 120;
+    let events: Vec<_> = (0..N)
+        .map(|i| event(&heavy, 1, &format!("{i} {content}"), &[]))
+        .collect();
+    let started = std::time::Instant::now();
+    for ev in &events {
+        burst.send(json!(["EVENT", ev])).await;
+    }
+    // The burst's first answer: its events are being written.
+    let (ok, msg) = burst.wait_ok(&events[0].id.to_hex()).await;
+    assert!(ok, "{msg}");
+    let small = event(&light, 1, "a small note", &[]);
+    let sent = std::time::Instant::now();
+    other.publish_ok(&small).await;
+    let waited = sent.elapsed();
+    // What the burst was answered so far (what has arrived, read without
+    // waiting): not its last event.
+    let last = events[N - 1].id.to_hex();
+    let mut answered = 1;
+    let mut through = false;
+    while let Some(v) = burst.try_recv(Duration::ZERO).await {
+        if v[0] == "OK" {
+            through |= v[1] == last;
+            answered += 1;
+        }
+    }
+    if !through {
+        let (ok, msg) = burst.wait_ok(&last).await;
+        assert!(ok, "{msg}");
+    }
+    eprintln!(
+        "{N} events of 100 KB from one author took {:?}; another author's event sent after the first \
+         was answered waited {waited:?}, when {answered} of the burst's were answered",
+        started.elapsed()
+    );
+    assert!(!through, "the burst was through before the other author's event");
 }

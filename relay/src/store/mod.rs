@@ -20,6 +20,7 @@ pub(crate) mod communities;
 pub mod db;
 pub mod deliveries;
 pub(crate) mod events;
+mod fair;
 mod group;
 pub(crate) mod lite;
 pub mod machine;
@@ -191,9 +192,10 @@ pub trait Store: WorkflowStore + ManageStore + Send + Sync + 'static {
     async fn set_community_key(&self, id: &str, stored: &str) -> Result<bool, StoreError>;
 
     /// Queues a verified event for storage under the NIP-01/09/40 rules,
-    /// in one of the batched transactions of the store's writer (in queue
-    /// order, so one connection's events keep their order). The receiver
-    /// yields the outcome once the batch committed.
+    /// in one of the batched transactions of the store's writer (authors
+    /// in turn, one author's events in queue order: a deletion or a
+    /// replacement always follows what it names). The receiver yields the
+    /// outcome once the batch committed.
     async fn enqueue_insert(
         &self,
         community: &str,

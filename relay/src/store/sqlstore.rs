@@ -19,7 +19,7 @@ use super::db::{Pool, Tx, Q};
 use super::group::HttpAuthUse;
 use super::refusal::{CallError, Refusal};
 use super::sql::{self, Dialect};
-use super::writer::{batch_writer, InsertRequest};
+use super::writer::{batch_writer, Bounds, InsertRequest};
 use super::{
     ChannelView, CommunityRecord, InsertOutcome, Page, PageRows, Published, ReadScope, RemoteEvent, Store,
     StoreError, StoredEvent,
@@ -48,10 +48,17 @@ impl SqlStore {
         deliveries: DeliveryConfig,
     ) -> Result<Self, StoreError> {
         let origin = hex::encode(rand::random::<[u8; 8]>());
-        let (tx, rx) = mpsc::channel(w.event_queue.max(1));
+        // The channel holds a batch's worth; the writer's own queue the
+        // rest of `event_queue` (taken in turn by author).
+        let (tx, rx) = mpsc::channel(w.event_batch.clamp(1, w.event_queue.max(1)));
+        let bounds = Bounds {
+            max_queued: w.event_queue.max(1),
+            max_batch: w.event_batch.max(1),
+            max_batch_bytes: w.event_batch_bytes.max(1),
+        };
         crate::dedicated::spawn(
             "event-writer",
-            batch_writer(pool.clone(), origin.clone(), rx, w.event_batch.max(1)),
+            batch_writer(pool.clone(), origin.clone(), rx, bounds),
         )
         .map_err(|e| StoreError::Start(format!("event writer: {e}")))?;
         let setup = super::group::WriterSetup {
