@@ -68,8 +68,16 @@ impl Cursor<'_> {
     }
 }
 
+/// Whether every filter names its events by id.
+pub fn names_ids(filters: &[Filter]) -> bool {
+    filters
+        .iter()
+        .all(|f| f.ids.as_ref().is_some_and(|ids| !ids.is_empty()))
+}
+
 /// Queues the stored events of `filters` for subscription `sub_id` (the
-/// caller sends EOSE after); the ids of the events it sent.
+/// caller sends EOSE after); the ids of the events it sent, when several
+/// filters or ids were asked for ([`names_ids`]), else none.
 pub async fn send_stored(
     state: &AppState,
     community: &str,
@@ -96,9 +104,10 @@ pub async fn send_stored(
     let ranked = filters.iter().any(|f| search_of(f).is_some());
     let prefix = format!("[\"EVENT\",{},", json!(sub_id));
     let one_event = l.max_event_bytes + prefix.len() + 1;
-    // Every id sent, bounded by max_filters x max_limit ids: several
-    // filters can return the same event twice, and the caller needs them
-    // to tell a REQ by ids that found all it asked for.
+    // The ids sent, bounded by max_filters x max_limit ids: kept where
+    // several filters can return the same event twice, and for a REQ by
+    // ids, whose caller tells from them whether it found all it asked for.
+    let keep_ids = cursors.len() > 1 || names_ids(filters);
     let mut seen: HashSet<[u8; 32]> = HashSet::new();
     let mut sent_bytes = 0usize;
     loop {
@@ -115,7 +124,7 @@ pub async fn send_stored(
             return Ok(seen);
         };
         let event = cursors[next].buf.pop_front().expect("head was some");
-        if !seen.insert(event.id) {
+        if keep_ids && !seen.insert(event.id) {
             continue;
         }
         let id = event.id;

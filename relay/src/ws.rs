@@ -65,11 +65,11 @@ const LIVE_MATCH: MatchEventOptions = MatchEventOptions {
 /// so nothing published later can match). A REQ by ids whose event is not
 /// stored yet stays live: clients subscribe to an id and then publish it.
 fn is_complete(filters: &[Filter], sent: &HashSet<[u8; 32]>) -> bool {
-    filters.iter().all(|f| {
-        f.ids
-            .as_ref()
-            .is_some_and(|ids| !ids.is_empty() && ids.iter().all(|id| sent.contains(id.as_bytes())))
-    })
+    crate::req::names_ids(filters)
+        && filters
+            .iter()
+            .flat_map(|f| f.ids.iter().flatten())
+            .all(|id| sent.contains(id.as_bytes()))
 }
 
 struct Conn {

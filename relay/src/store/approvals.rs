@@ -2,11 +2,11 @@
 //! once. A NIP-25 reaction by an approver on the request decides it in the
 //! transaction that stores the reaction (`on_reaction`), only while the
 //! database clock is before the request's deadline; from the deadline on,
-//! the engine decides it `timed_out` (`time_out`), whenever its pass comes. Either is one UPDATE
-//! that requires no decision yet, so the first wins across relay processes
-//! and the loser changes nothing. The engine reads the decision from the
-//! store (never from live traffic), so a decision stored while no engine
-//! looked is found when one does.
+//! the engine decides it `timed_out` (`time_out`), whenever its pass
+//! comes. Either is one UPDATE that requires no decision yet, so the first
+//! wins across relay processes and the loser changes nothing. The engine
+//! reads the decision from the store (never from live traffic), so a
+//! decision stored while no engine looked is found when one does.
 
 use nostr::prelude::{Event, PublicKey};
 use protocol::approval::{self, Decision};
