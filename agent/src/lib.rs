@@ -1,5 +1,5 @@
 //! The managed-agent runtime: claims workflow deliveries from the relay,
-//! verifies each one completely (PROTOCOL.md section 9), runs a handler, and
+//! verifies each one completely (docs/agent.md, "`agent run`"), runs a handler, and
 //! finishes with its reply. See `docs/agent.md`.
 
 pub mod api;

@@ -1,4 +1,4 @@
-//! The agent's Prometheus metrics (PROTOCOL section 11), served by
+//! The agent's Prometheus metrics (docs/operations.md, "Metrics"), served by
 //! `metrics-exporter-prometheus`'s own listener on `metrics_listen`.
 //! Labels are closed sets: a finish's outcome, a verification code.
 

@@ -1,5 +1,5 @@
 //! Everything the agent checks before it dispatches a delivery
-//! (PROTOCOL.md section 9). Pure: the events are fetched by the caller.
+//! (docs/agent.md, "`agent run`", step 3). Pure: the events are fetched by the caller.
 //! Any failure has a stable code and the delivery is finished `failed`
 //! with it; nothing is dispatched.
 

@@ -1,4 +1,5 @@
-//! The HTTP API's wire contract (PROTOCOL.md sections 4 and 7): every
+//! The HTTP API's wire contract (docs/protocol.md, "Owner calls"
+//! and "Deliveries"): every
 //! request and answer body as a type, and the statuses, outcomes and
 //! causes as enums whose serde names are the ones on the wire. The relay
 //! answers with these types and the agent sends and reads them, so neither
@@ -8,7 +9,7 @@ use nostr::prelude::Event;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// Where a delivery is in its state machine (PROTOCOL.md section 8).
+/// Where a delivery is in its state machine (docs/protocol.md, "The state machine").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DeliveryStatus {

@@ -1,4 +1,4 @@
-//! Host names as the relay uses them to pick a community (PROTOCOL.md section 1).
+//! Host names as the relay uses them to pick a community (docs/protocol.md, "Communities").
 
 /// Normalises a `Host` header value: lower-cased, trailing dot removed,
 /// default ports (80 and 443) removed. Returns `None` for an empty or

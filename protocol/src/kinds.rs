@@ -4,7 +4,7 @@
 pub const DELETION: u16 = 5;
 /// NIP-42 client authentication.
 pub const CLIENT_AUTH: u16 = 22242;
-/// Wake hint for a managed agent (PROTOCOL.md section 6). p-gated by default.
+/// Wake hint for a managed agent (docs/protocol.md, "Wake hints"). p-gated by default.
 pub const WAKE_HINT: u16 = 24620;
 /// NIP-04 encrypted direct message (deprecated by NIP-17, still sent).
 /// p-gated by default: only its sender and recipient read it.

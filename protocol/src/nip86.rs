@@ -1,4 +1,4 @@
-//! Relay management (NIP-86, PROTOCOL.md section 11): `POST /` with
+//! Relay management (NIP-86, docs/protocol.md, "Management"): `POST /` with
 //! `Content-Type: application/nostr+json+rpc`, a NIP-98 header and a body
 //! `{"method", "params"}`; the answer is `{"result"}` or `{"error"}`.
 //!

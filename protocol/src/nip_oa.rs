@@ -1,4 +1,4 @@
-//! NIP-OA owner attestation for managed agents (PROTOCOL.md section 3).
+//! NIP-OA owner attestation for managed agents (docs/protocol.md, "Managed agents").
 //!
 //! A managed agent's kind 0 carries one tag
 //! `["auth", <owner pubkey hex>, <conditions>, <sig>]`, where `sig` is the

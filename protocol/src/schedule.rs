@@ -1,4 +1,4 @@
-//! Cron schedules in an IANA time zone (PROTOCOL.md section 10: a
+//! Cron schedules in an IANA time zone (docs/workflows.md, "Triggers": a
 //! `schedule` trigger with `cron` and `timezone`), parsed by `croner` (a
 //! maintained POSIX/Vixie cron parser with DST rules) over `chrono-tz`'s
 //! zone database.

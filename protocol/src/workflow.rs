@@ -1,5 +1,5 @@
 //! Workflow definitions (kind 30620) and the tags of the messages and wake
-//! hints a workflow produces (PROTOCOL.md sections 4 to 6). Shared by the
+//! hints a workflow produces (docs/protocol.md, "Workflows"). Shared by the
 //! relay (which validates and executes) and the agent (which verifies).
 
 use nostr::prelude::{Event, PublicKey, Tag};
@@ -753,7 +753,7 @@ pub struct MessageBinding<'a> {
     pub reply_to: Option<&'a str>,
 }
 
-/// The exact tags of a workflow message (PROTOCOL.md section 5).
+/// The exact tags of a workflow message (docs/protocol.md, "The workflow message").
 pub fn message_tags(b: &MessageBinding<'_>) -> Vec<Tag> {
     let mut tags = vec![
         Tag::custom("h", [b.channel]),
@@ -799,7 +799,7 @@ pub fn tag_slice<'e>(event: &'e Event, name: &str) -> Option<&'e [String]> {
     event.tags.iter().find(|t| t.kind() == name).map(|t| t.as_slice())
 }
 
-/// Tags of a wake hint (kind 24620, PROTOCOL.md section 6).
+/// Tags of a wake hint (kind 24620, docs/protocol.md, "Wake hints").
 pub fn wake_tags(
     target: &PublicKey,
     channel: &str,

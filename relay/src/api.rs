@@ -1,4 +1,5 @@
-//! The HTTP API (PROTOCOL.md sections 4 and 7): deliveries for agents,
+//! The HTTP API (docs/protocol.md, "Owner calls" and
+//! "Deliveries"): deliveries for agents,
 //! workflow calls for owners, webhooks. Every call but the webhook is NIP-98
 //! authenticated ([`Authed`]); every answer is JSON; every refusal is
 //! `{"error": code, "message": …}` with the status the contract names.

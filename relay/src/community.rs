@@ -1,4 +1,4 @@
-//! Communities (tenants) and the host -> community resolution (PROTOCOL.md section 1).
+//! Communities (tenants) and the host -> community resolution (docs/protocol.md, "Communities").
 //!
 //! Resolution fails closed: an empty, malformed or unknown host gets no
 //! community, and the HTTP layer answers 404 / refuses the upgrade.

@@ -426,7 +426,7 @@ impl Default for WriterConfig {
     }
 }
 
-/// Managed-agent delivery (PROTOCOL.md sections 7 and 8).
+/// Managed-agent delivery (docs/protocol.md, "Deliveries").
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DeliveryConfig {

@@ -243,7 +243,7 @@ pub fn limited(state: &AppState, tenant: &Tenant, caller: &nostr::prelude::Publi
 }
 
 /// The HTTP status of a refusal: the one place where a domain refusal of
-/// the store becomes HTTP (the statuses PROTOCOL.md section 7 names).
+/// the store becomes HTTP (the statuses docs/protocol.md names).
 pub fn status_of(r: &Refusal) -> StatusCode {
     use Refusal as R;
     match r {

@@ -1,5 +1,5 @@
-//! `POST /`: relay management (NIP-86 and this relay's methods, PROTOCOL.md
-//! section 11). NIP-98 authenticates the caller; the community's admins
+//! `POST /`: relay management (NIP-86 and this relay's methods, docs/protocol.md,
+//! "Management"). NIP-98 authenticates the caller; the community's admins
 //! may call every method, a workflow's owner the ones on its own
 //! workflows' runs and deliveries ([`Method::open_to_owners`]). Every
 //! answer is `{"result"}` or `{"error": "<code>: <text>"}`.

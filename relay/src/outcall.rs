@@ -1,7 +1,7 @@
 //! Sending a `call_webhook` step's request: reqwest (rustls) with the
 //! address guard, the signature, a timeout and a bounded answer.
 //!
-//! The guard (PROTOCOL section 10): a host not in the community's
+//! The guard (docs/workflows.md, "Security rules for webhooks"): a host not in the community's
 //! `webhook_allow_hosts` must be `https` and may only be reached at public
 //! addresses. Names are resolved first (pinned names from
 //! `webhooks.resolve`, else the system resolver) and refused when any

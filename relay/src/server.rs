@@ -176,7 +176,7 @@ async fn refresh_gauges(state: &AppState) {
 }
 
 /// A gauge by community and status (`relay_runs` has no community
-/// label in PROTOCOL section 11, but several communities need one).
+/// label in the first list of metrics, but several communities need one).
 fn gauge_of(name: &'static str, community: &str, status: &str) -> metrics::Gauge {
     metrics::gauge!(name, "community" => community.to_string(), "status" => status.to_string())
 }

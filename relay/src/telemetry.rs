@@ -1,4 +1,4 @@
-//! Prometheus metrics (PROTOCOL section 11): the recorder (`metrics` with
+//! Prometheus metrics (docs/operations.md, "Metrics"): the recorder (`metrics` with
 //! `metrics-exporter-prometheus`), the names, and the bounded label values
 //! they take. Recording is a handful of atomic operations, so the hot
 //! paths record directly with the `metrics` macros; without

@@ -1,4 +1,4 @@
-//! Management (NIP-86 and ours, PROTOCOL section 11) over real HTTP and
+//! Management (NIP-86 and ours, docs/protocol.md "Management") over real HTTP and
 //! WebSocket, on every backend: each method by an admin, a workflow's
 //! owner and a stranger; bans that hold at once (on a second process
 //! too); a failed delivery re-driven until its run completes; pause and

@@ -1,4 +1,4 @@
-//! Operating the relay (PROTOCOL section 11): health and readiness as a
+//! Operating the relay (docs/operations.md): health and readiness as a
 //! load balancer asks for them, on any host.
 
 use std::sync::Arc;

@@ -1,5 +1,5 @@
 //! Workflows and durable agent delivery over real sockets and HTTP, on every
-//! backend (PROTOCOL.md sections 4 to 8).
+//! backend (docs/protocol.md, "Workflows" and "Deliveries").
 
 use std::time::Duration;
 

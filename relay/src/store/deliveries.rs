@@ -1,5 +1,5 @@
 //! The delivery calls and the sweeper: each loads the row, asks the state
-//! machine (`machine::transition`, PROTOCOL.md section 8) what to do, and
+//! machine (`machine::transition`, docs/protocol.md "The state machine") what to do, and
 //! applies it in SQL whose conditions re-check the state it leaves.
 //!
 //! Every terminal failure or expiry posts one relay-signed notice in the
@@ -117,7 +117,7 @@ impl Delivery {
         self.target == caller.to_bytes()
     }
 
-    /// The claim answer (PROTOCOL.md section 7); `None` for a row that
+    /// The claim answer (docs/protocol.md, "Deliveries"); `None` for a row that
     /// is not claimed (it has no token).
     pub fn claim_view(&self) -> Option<ClaimedDelivery> {
         Some(ClaimedDelivery {

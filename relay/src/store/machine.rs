@@ -1,4 +1,4 @@
-//! The delivery state machine (PROTOCOL.md section 8) as one pure
+//! The delivery state machine (docs/protocol.md, "The state machine") as one pure
 //! function: given a row's state, what happens to it and the database
 //! clock, [`transition`] decides the transition or the refusal. The SQL in
 //! `deliveries.rs` applies what it decides (and its statements re-check the

@@ -1,4 +1,4 @@
-//! Management (NIP-86 and this relay's methods, PROTOCOL.md section 11):
+//! Management (NIP-86 and this relay's methods, docs/protocol.md "Management"):
 //! the community's lists and NIP-11 text, and what an admin or a
 //! workflow's owner does to deliveries, runs and workflows. Each change
 //! and its relay-signed notice commit in one transaction: nothing changes
