@@ -10,10 +10,11 @@ use protocol::api::{
     ClaimedDelivery, DeliveryStatus as Status, DeliveryView, OperationRequest, Outcome, RenewRequest,
 };
 use serde_json::Value;
+use std::sync::LazyLock;
 
 use super::db::{named, Dialect, Row, Tx, Q};
 use super::events::{self, author_lock_key};
-use super::machine::{self, Event as On, Failure, Transition};
+use super::machine::{self, Claimable, Event as On, Failure, Transition, CLAIM_RULE};
 use super::{InsertOutcome, StoreError};
 use crate::config::DeliveryConfig;
 use crate::faults;
@@ -234,6 +235,79 @@ const IS_PENDING: &str = "status IS NOT DISTINCT FROM 'pending'";
 /// See [`IS_PENDING`].
 const IS_CLAIMED: &str = "status IS NOT DISTINCT FROM 'claimed'";
 
+/// Where a claim statement binds the values the claim rule compares.
+struct ClaimBinds {
+    caller: &'static str,
+    now: &'static str,
+    lease_end: &'static str,
+}
+
+/// How a claim statement reaches its row: by its key (the status test that
+/// no partial index's predicate follows from, [`IS_PENDING`]), or through
+/// the index of pending rows.
+#[derive(Clone, Copy)]
+enum Reach {
+    ByKey,
+    ByPendingIndex,
+}
+
+/// The `WHERE` conditions of [`CLAIM_RULE`], clause by clause: the claim
+/// statements' only statement of the rule the machine decides with.
+fn claim_sql(b: &ClaimBinds, reach: Reach) -> String {
+    let clause = |c: Claimable| match c {
+        Claimable::Target => format!("target_pubkey = {}", b.caller),
+        Claimable::Pending => match reach {
+            Reach::ByKey => IS_PENDING.to_string(),
+            Reach::ByPendingIndex => "status = 'pending'".to_string(),
+        },
+        Claimable::Due => format!("next_attempt_at <= {}", b.now),
+        Claimable::LeaseFits => format!("expires_at >= {}", b.lease_end),
+    };
+    CLAIM_RULE.map(clause).join(" AND ")
+}
+
+/// The claim of a named row whose bindings are as a wake said: `$1`
+/// community, `$2` id, the grant `$3`..`$6`, `$7` caller, `$8`..`$12` the
+/// expected run, step, channel, definition and message.
+static CLAIM_AS_EXPECTED: LazyLock<String> = LazyLock::new(|| {
+    let rule = claim_sql(
+        &ClaimBinds {
+            caller: "$7",
+            now: "$6",
+            lease_end: "$4",
+        },
+        Reach::ByKey,
+    );
+    format!(
+        "UPDATE workflow_agent_deliveries {CLAIM_SET} WHERE community_id = $1 AND id = $2 AND {rule} \
+         AND run_id = $8 AND step_id = $9 AND channel = $10 AND definition_event_id = $11 \
+         AND message_event_id = $12 RETURNING {COLS}"
+    )
+});
+
+/// The claim of the caller's oldest claimable row: `$1` community, `$2`
+/// caller, the grant `$3`..`$6`; `{skip}` is where PostgreSQL skips rows
+/// another claim holds.
+fn claim_oldest_sql(skip: &str) -> String {
+    let rule = claim_sql(
+        &ClaimBinds {
+            caller: "$2",
+            now: "$6",
+            lease_end: "$4",
+        },
+        Reach::ByPendingIndex,
+    );
+    format!(
+        "UPDATE workflow_agent_deliveries {CLAIM_SET} WHERE community_id = $1 AND {IS_PENDING} AND id = (\
+         SELECT id FROM workflow_agent_deliveries WHERE community_id = $1 AND {rule} \
+         ORDER BY next_attempt_at, created_at, id LIMIT 1{skip}) RETURNING {COLS}"
+    )
+}
+
+static CLAIM_OLDEST_SQLITE: LazyLock<String> = LazyLock::new(|| claim_oldest_sql(""));
+static CLAIM_OLDEST_POSTGRES: LazyLock<String> =
+    LazyLock::new(|| claim_oldest_sql(" FOR UPDATE SKIP LOCKED"));
+
 /// Claims a delivery: the one named (with its expected bindings), or the
 /// oldest due one of the caller. `Ok(None)` is "nothing to claim" (no change).
 ///
@@ -307,14 +381,7 @@ async fn claim_as_expected(
     ) else {
         return Ok(None);
     };
-    let q = Q::new(format!(
-        "UPDATE workflow_agent_deliveries {CLAIM_SET} WHERE community_id = $1 AND id = $2 AND {IS_PENDING} \
-         AND target_pubkey = $7 AND next_attempt_at <= $6 AND expires_at >= $4 AND run_id = $8 \
-         AND step_id = $9 AND channel = $10 AND definition_event_id = $11 AND message_event_id = $12 \
-         RETURNING {COLS}"
-    ))
-    .bind(community)
-    .bind(id);
+    let q = Q::new(CLAIM_AS_EXPECTED.as_str()).bind(community).bind(id);
     let q = grant
         .bind(q)
         .bind(caller.to_bytes())
@@ -372,19 +439,11 @@ async fn claim_oldest(
     caller: &PublicKey,
     grant: &Grant,
 ) -> Result<Option<Delivery>, StoreError> {
-    let skip = if tx.dialect() == Dialect::Postgres {
-        " FOR UPDATE SKIP LOCKED"
-    } else {
-        ""
+    let sql = match tx.dialect() {
+        Dialect::Postgres => CLAIM_OLDEST_POSTGRES.as_str(),
+        Dialect::Sqlite => CLAIM_OLDEST_SQLITE.as_str(),
     };
-    let q = Q::new(format!(
-        "UPDATE workflow_agent_deliveries {CLAIM_SET} WHERE community_id = $1 AND {IS_PENDING} AND id = (\
-         SELECT id FROM workflow_agent_deliveries WHERE community_id = $1 AND target_pubkey = $2 \
-         AND status = 'pending' AND next_attempt_at <= $6 AND expires_at >= $4 \
-         ORDER BY next_attempt_at, created_at, id LIMIT 1{skip}) RETURNING {COLS}"
-    ))
-    .bind(community)
-    .bind(caller.to_bytes());
+    let q = Q::new(sql).bind(community).bind(caller.to_bytes());
     tx.one(grant.bind(q)).await?.as_ref().map(delivery).transpose()
 }
 
@@ -1111,6 +1170,156 @@ async fn attempts(
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod claim_rule {
+    //! The claim rule said once: every status and every way a row can be
+    //! due or not, through the machine and through both claim statements
+    //! on a real SQLite file.
+    use super::super::db::{Tx, Q};
+    use super::super::{sqlite, OpenMode};
+    use super::{claim_as_expected, claim_oldest, machine, Grant, On, Status, Transition};
+    use nostr::prelude::{Keys, PublicKey};
+    use protocol::api::Expected;
+
+    const NOW: i64 = 1_000_000;
+    const LEASE: i64 = 30;
+    const ALL: [Status; 6] = [
+        Status::Pending,
+        Status::Claimed,
+        Status::Delivered,
+        Status::Failed,
+        Status::Expired,
+        Status::Cancelled,
+    ];
+
+    /// One row to claim: its status and times, and whether the claimer is
+    /// its target.
+    #[derive(Debug, Clone, Copy)]
+    struct Case {
+        status: Status,
+        is_target: bool,
+        next_attempt_at: i64,
+        expires_at: i64,
+    }
+
+    fn cases() -> Vec<Case> {
+        let mut out = Vec::new();
+        for status in ALL {
+            for is_target in [true, false] {
+                for next_attempt_at in [NOW - 1, NOW, NOW + 1] {
+                    for expires_at in [NOW - 1, NOW, NOW + LEASE - 1, NOW + LEASE, NOW + 1_000] {
+                        out.push(Case {
+                            status,
+                            is_target,
+                            next_attempt_at,
+                            expires_at,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn machine_claims(c: &Case) -> Option<Transition> {
+        let state = machine::State {
+            status: c.status,
+            attempt: 1,
+            max_attempts: 3,
+            claim_token: (c.status == Status::Claimed).then_some("held"),
+            claim_expires_at: (c.status == Status::Claimed).then_some(NOW + 5),
+            next_attempt_at: c.next_attempt_at,
+            expires_at: c.expires_at,
+            records_operations: false,
+        };
+        let asked = On::Claim {
+            is_target: c.is_target,
+            lease_secs: LEASE,
+        };
+        match machine::transition(&state, asked, NOW) {
+            Ok(t @ Transition::Claim { .. }) => Some(t),
+            _ => None,
+        }
+    }
+
+    async fn insert(tx: &mut Tx<'_>, community: &str, target: &PublicKey, c: &Case) {
+        let q = Q::new(
+            "INSERT INTO workflow_agent_deliveries (community_id, id, workflow_id, run_id, step_id, \
+             target_pubkey, channel, definition_event_id, message_event_id, message_created_at, status, \
+             attempt, max_attempts, claim_token, claim_expires_at, next_attempt_at, expires_at, \
+             trigger_context, execution_trace, created_at, updated_at) \
+             VALUES ($1, 'd', 'w', 'r', 's', $2, 'ch', $3, $4, 1, $5, 1, 3, $6, $7, $8, $9, '{}', '[]', 1, 1)",
+        )
+        .bind(community)
+        .bind(target.to_bytes())
+        .bind(vec![1u8; 32])
+        .bind(vec![2u8; 32])
+        .bind(c.status.as_str())
+        .bind(super::super::sql::Bind::OptText((c.status == Status::Claimed).then(|| "held".to_string())))
+        .bind((c.status == Status::Claimed).then_some(NOW + 5))
+        .bind(c.next_attempt_at)
+        .bind(c.expires_at);
+        tx.exec(q).await.expect("insert");
+    }
+
+    fn grant() -> Grant {
+        Grant {
+            token: "new".into(),
+            claim_expires_at: NOW + LEASE,
+            records_operations: true,
+            now: NOW,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_machine_and_both_claim_statements_agree_on_every_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("claims.db").display());
+        let opened = sqlite::open(&url, &Default::default(), OpenMode::Create)
+            .await
+            .expect("open");
+        // The rows stand alone: no run, message or definition behind them.
+        opened
+            .writer
+            .exec(&Q::new("PRAGMA foreign_keys = OFF"))
+            .await
+            .unwrap();
+        let mut tx = Tx::SqliteWrite(opened.writer.begin().await.unwrap());
+        let (caller, other) = (Keys::generate().public_key(), Keys::generate().public_key());
+        let expected = Expected {
+            run_id: "r".into(),
+            step_id: "s".into(),
+            definition_event_id: hex::encode([1u8; 32]),
+            message_event_id: hex::encode([2u8; 32]),
+            channel: "ch".into(),
+        };
+        let mut claimed = 0;
+        for (i, case) in cases().iter().enumerate() {
+            let decided = machine_claims(case);
+            let target = if case.is_target { caller } else { other };
+            let (named, oldest) = (format!("named{i}"), format!("oldest{i}"));
+            insert(&mut tx, &named, &target, case).await;
+            insert(&mut tx, &oldest, &target, case).await;
+            let by_id = claim_as_expected(&mut tx, &named, &caller, "d", Some(&expected), &grant())
+                .await
+                .expect("claim by id");
+            let by_age = claim_oldest(&mut tx, &oldest, &caller, &grant())
+                .await
+                .expect("claim oldest");
+            for (path, got) in [("by id", by_id), ("oldest", by_age)] {
+                let got = got.map(|d| Transition::Claim {
+                    attempt: d.attempt,
+                    claim_expires_at: d.claim_expires_at.expect("a lease"),
+                });
+                assert_eq!(got, decided, "{path}: {case:?}");
+            }
+            claimed += usize::from(decided.is_some());
+        }
+        // Due, alive with room for the lease, pending, the caller's: 2 x 2.
+        assert_eq!(claimed, 4);
+    }
 }
 
 #[cfg(test)]

@@ -214,6 +214,46 @@ fn within_lifetime(s: &State<'_>, now: i64, lease_secs: i64) -> Result<(), Refus
     Ok(())
 }
 
+/// One clause of the claim rule. A row is claimable by a caller at `now`
+/// for a lease ending at `lease_end` when every clause of [`CLAIM_RULE`]
+/// holds. The machine decides a claim with it, and the claim statements'
+/// `WHERE` is made from the same clauses (`deliveries::claim_sql`), so the
+/// two cannot say different things.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claimable {
+    /// The caller is the row's target.
+    Target,
+    /// The row is `pending`.
+    Pending,
+    /// Its backoff is over: `next_attempt_at <= now`.
+    Due,
+    /// The lease ends within the row's lifetime: `expires_at >= lease_end`.
+    LeaseFits,
+}
+
+/// The claim rule, in the order the machine tests it.
+pub const CLAIM_RULE: [Claimable; 4] = [
+    Claimable::Target,
+    Claimable::Pending,
+    Claimable::Due,
+    Claimable::LeaseFits,
+];
+
+impl Claimable {
+    /// Whether the clause holds of row `s`.
+    pub fn holds(self, s: &State<'_>, is_target: bool, now: i64, lease_end: i64) -> bool {
+        match self {
+            Claimable::Target => is_target,
+            Claimable::Pending => s.status == Status::Pending,
+            Claimable::Due => s.next_attempt_at <= now,
+            Claimable::LeaseFits => s.expires_at >= lease_end,
+        }
+    }
+}
+
+/// A claim: refused to anyone but the target and for a cancelled row;
+/// granted when [`CLAIM_RULE`] holds; refused when only the lease does not
+/// fit a row that is still alive; else nothing to claim.
 fn claim(s: &State<'_>, is_target: bool, lease_secs: i64, now: i64) -> Result<Transition, Refusal> {
     if !is_target {
         return Err(Refusal::NotTarget);
@@ -221,14 +261,20 @@ fn claim(s: &State<'_>, is_target: bool, lease_secs: i64, now: i64) -> Result<Tr
     if s.status == Status::Cancelled {
         return Err(Refusal::Cancelled);
     }
-    if s.status != Status::Pending || s.next_attempt_at > now || s.expires_at <= now {
-        return Ok(Transition::NotDue);
+    let lease_end = now.saturating_add(lease_secs);
+    match CLAIM_RULE
+        .into_iter()
+        .find(|c| !c.holds(s, is_target, now, lease_end))
+    {
+        None => Ok(Transition::Claim {
+            attempt: s.attempt + 1,
+            claim_expires_at: lease_end,
+        }),
+        Some(Claimable::LeaseFits) if s.expires_at > now => Err(Refusal::LeaseExceedsLifetime {
+            expires_at: s.expires_at,
+        }),
+        Some(_) => Ok(Transition::NotDue),
     }
-    within_lifetime(s, now, lease_secs)?;
-    Ok(Transition::Claim {
-        attempt: s.attempt + 1,
-        claim_expires_at: now + lease_secs,
-    })
 }
 
 fn finish(s: &State<'_>, outcome: Outcome, backoff_secs: i64, now: i64) -> Transition {
