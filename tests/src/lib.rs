@@ -101,9 +101,9 @@ macro_rules! backend_tests {
         mod postgres {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[cfg_attr(not(postgres_tests), ignore = "PostgreSQL is not installed (tests/build.rs)")]
                 async fn $name() {
-                    let Some(backend) = $crate::Backend::postgres() else { return };
-                    super::$name(backend).await
+                    super::$name($crate::Backend::postgres()).await
                 }
             )*
         }

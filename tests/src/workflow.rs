@@ -16,6 +16,8 @@ pub struct Fixture {
     pub owner_client: Client,
     /// The community's relay pubkey (NIP-11 `self`).
     pub relay_pk: String,
+    /// Whether the `barrier` workflow is defined ([`Fixture::barrier`]).
+    barrier_defined: bool,
 }
 
 /// The relay's `self` pubkey for `host`.
@@ -68,6 +70,7 @@ impl Fixture {
             channel: channel.to_string(),
             owner_client: c,
             relay_pk,
+            barrier_defined: false,
         }
     }
 
@@ -81,6 +84,30 @@ impl Fixture {
     /// `nostr:npub…` of agent `i`, to mention in a template.
     pub fn mention(&self, i: usize) -> String {
         format!("nostr:{}", self.agents[i].public_key().to_bech32().expect("npub"))
+    }
+
+    /// The positive barrier of a "nothing happened" check: two runs of a
+    /// manual workflow `barrier` (one step, skipped by its `if`: it posts
+    /// nothing and creates no delivery), the second started after the
+    /// first ended. The engine advances runs in passes, one after another,
+    /// and a pass advances every run that was due when it began as far as
+    /// it goes before the next pass begins; the second barrier run was
+    /// created after the first ended, so a later pass ran it. When it has
+    /// ended, every run, wake and sweep that was due before this call has
+    /// been done. Counts of runs should name their workflow
+    /// (`runs list --workflow`), since these runs count too.
+    pub async fn barrier(&mut self, relay: &Relay) {
+        if !self.barrier_defined {
+            let def = json!({"name": "barrier", "trigger": {"on": "manual"},
+                "steps": [{"id": "pass", "action": "send_message", "text": "never", "if": "false"}]});
+            self.define("barrier", &def).await;
+            self.barrier_defined = true;
+        }
+        for _ in 0..2 {
+            let run = start_run(relay, &self.owner, "barrier", json!({})).await;
+            let done = run_until(relay, &self.owner, &run, 30, ended).await;
+            assert_eq!(done["status"], "completed", "barrier: {done}");
+        }
     }
 
     /// Posts a kind 9 in the channel as the owner.

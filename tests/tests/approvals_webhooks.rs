@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use sha2::Sha256;
 use tests::hooks::{Answer, HookServer};
 use tests::relay::Store;
-use tests::workflow::{api, ended, relay_messages, run_until, start_run, Fixture};
+use tests::workflow::{api, ended, eventually, relay_messages, run_until, start_run, Fixture};
 use tests::{backend_tests, event, Backend, Client, Relay, RelayOptions};
 
 backend_tests!(
@@ -143,7 +143,7 @@ async fn an_approver_approves_and_others_change_nothing(backend: Backend) {
     react(&relay, &fx, &stranger, &request_id, "+").await;
     react(&relay, &fx, &approver, &request_id, "❤️").await;
     react(&relay, &fx, &approver, &request_id, "").await;
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    fx.barrier(&relay).await;
     let (_, run) = tests::workflow::get_run(&relay, &fx.owner, &run_id).await;
     assert_eq!(run["status"], "waiting", "{run}");
     assert_eq!(run["steps"][0]["status"], "waiting", "{run}");
@@ -160,7 +160,7 @@ async fn an_approver_approves_and_others_change_nothing(backend: Backend) {
 
     // A later decision (the owner's deny) counts for nothing.
     react(&relay, &fx, &fx.owner.clone(), &request_id, "-").await;
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    fx.barrier(&relay).await;
     let decisions = decisions_under(&relay, &fx, &request).await;
     assert_eq!(decisions.len(), 1, "{decisions:?}");
     let npub = approver.public_key().to_bech32().unwrap();
@@ -230,7 +230,7 @@ async fn an_approval_times_out(backend: Backend) {
     // A decision after the deadline changes nothing.
     let owner = fx.owner.clone();
     react(&relay, &fx, &owner, &request.id.to_hex(), "+").await;
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    fx.barrier(&relay).await;
     let decisions = decisions_under(&relay, &fx, &request).await;
     assert_eq!(decisions.len(), 1, "{decisions:?}");
     assert_eq!(
@@ -335,10 +335,9 @@ async fn a_decision_stored_while_the_engine_is_down_is_found_after_restart(backe
     let run_id = start_run(&relay, &fx.owner, "deploy", json!({"version": "v9"})).await;
     let request = request_of(&relay, &fx, &run_id).await;
     let decision = react(&relay, &fx, &approver, &request.id.to_hex(), "+").await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    eventually(|| async { relay.log().contains("approval:before_end").then_some(()) }).await;
     let (_, run) = tests::workflow::get_run(&relay, &fx.owner, &run_id).await;
     assert_eq!(run["status"], "waiting", "{run}");
-    assert!(relay.log().contains("approval:before_end"));
 
     relay.kill();
     relay.restart_with(options(""));
@@ -718,7 +717,7 @@ async fn reactions_trigger_workflows_without_loops(backend: Backend) {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    fx.barrier(&relay).await;
     let msgs = relay_messages(&relay, &fx).await;
     let said: Vec<&Event> = msgs.iter().filter(|m| m.content.contains("reacted")).collect();
     assert_eq!(said.len(), 1, "{found:?}");

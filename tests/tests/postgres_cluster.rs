@@ -16,10 +16,9 @@ fn hex(k: &Keys) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(postgres_tests), ignore = "PostgreSQL is not installed (tests/build.rs)")]
 async fn two_processes_share_live_events_exactly_once() {
-    let Some(backend) = Backend::postgres() else {
-        return;
-    };
+    let backend = Backend::postgres();
     let store = Store::new(&backend);
     let a = Relay::start_with(store.clone(), RelayOptions::default());
     let b = Relay::start_with(store.clone(), RelayOptions::default());
@@ -94,10 +93,9 @@ async fn two_processes_share_live_events_exactly_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(postgres_tests), ignore = "PostgreSQL is not installed (tests/build.rs)")]
 async fn a_steps_wakes_reach_agents_on_another_process() {
-    let Some(backend) = Backend::postgres() else {
-        return;
-    };
+    let backend = Backend::postgres();
     let store = Store::new(&backend);
     let a = Relay::start_with(store.clone(), RelayOptions::default());
     let b = Relay::start_with(store.clone(), RelayOptions::default());
@@ -126,10 +124,9 @@ async fn a_steps_wakes_reach_agents_on_another_process() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(postgres_tests), ignore = "PostgreSQL is not installed (tests/build.rs)")]
 async fn concurrent_replacements_across_processes_keep_the_newest() {
-    let Some(backend) = Backend::postgres() else {
-        return;
-    };
+    let backend = Backend::postgres();
     let store = Store::new(&backend);
     let a = Relay::start_with(store.clone(), RelayOptions::default());
     let b = Relay::start_with(store.clone(), RelayOptions::default());
@@ -157,10 +154,9 @@ async fn concurrent_replacements_across_processes_keep_the_newest() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(postgres_tests), ignore = "PostgreSQL is not installed (tests/build.rs)")]
 async fn relay_survives_a_database_restart() {
-    let Some(server) = tests::pg::own_server() else {
-        return;
-    };
+    let server = tests::pg::own_server();
     let server = Arc::new(server);
     let backend = Backend::Postgres(server.clone());
     let relay = Relay::start_opts(
@@ -228,10 +224,9 @@ async fn relay_survives_a_database_restart() {
 /// `status = 'pending'` the planner took `deliveries_pending_expiry`, which
 /// the statistics said was empty, and every claim walked all pending rows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(postgres_tests), ignore = "PostgreSQL is not installed (tests/build.rs)")]
 async fn claims_read_their_row_by_key_whatever_the_statistics() {
-    let Some(backend) = Backend::postgres() else {
-        return;
-    };
+    let backend = Backend::postgres();
     let store = Store::new(&backend);
     // No sweep after the one at startup, so that only the claim reads the
     // table: the sweep for expired rows can still walk `deliveries_due`
@@ -306,10 +301,9 @@ async fn claims_read_their_row_by_key_whatever_the_statistics() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(postgres_tests), ignore = "PostgreSQL is not installed (tests/build.rs)")]
 async fn partitions_ahead_and_large_tag_values() {
-    let Some(backend) = Backend::postgres() else {
-        return;
-    };
+    let backend = Backend::postgres();
     let relay = Relay::start(&backend);
     let Backend::Postgres(server) = &backend else {
         unreachable!()

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use nostr::prelude::{EventBuilder, FinalizeEvent, Keys, Kind, Tag, Timestamp};
 use serde_json::{json, Value};
-use tests::workflow::{api, claim_when_due, deliveries, on_message, Fixture};
+use tests::workflow::{api, claim_when_due, deliveries, eventually, on_message, Fixture};
 use tests::{backend_tests, event, http_raw, Backend, Client, Relay, RelayOptions};
 
 backend_tests!(
@@ -251,7 +251,8 @@ async fn nothing_leaks_to_outsiders(backend: Backend) {
     fx.define("w", &on_message(&format!("{} see", fx.mention(0))))
         .await;
     fx.post("trigger").await;
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // The workflow's message and its delivery exist before anyone looks.
+    eventually(|| async { (deliveries(&relay).len() == 1).then_some(()) }).await;
     let outsider = Keys::generate();
     let mut anon = Client::connect(&relay.ws_url()).await;
     let mut stranger = Client::connect(&relay.ws_url()).await;

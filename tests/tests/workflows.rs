@@ -213,7 +213,7 @@ async fn recipients_come_only_from_the_template(backend: Backend) {
         "trigger text added a recipient: {ps:?}"
     );
     assert!(ps.contains(&hex(&fx.agents[0])));
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The step's rows commit with its message, which was read above.
     let rows = deliveries(&relay);
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0]["target_pubkey"], hex(&fx.agents[0]));
@@ -222,7 +222,8 @@ async fn recipients_come_only_from_the_template(backend: Backend) {
     agent
         .publish_ok(&event(&fx.agents[0], 9, "agent talking", &[&["h", "ops"]]))
         .await;
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // A message's runs start in the transaction that stores it: the OK is
+    // the barrier.
     assert_eq!(
         relay.cli(&["runs", "list"]).lines().count(),
         1,
@@ -1137,10 +1138,11 @@ async fn channel_deletion_cancels(backend: Backend) {
     )
     .await;
     assert_eq!(status, 410);
-    // Nothing is recreated: the engine keeps running, no new rows appear.
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // Nothing is recreated: the engine keeps running (a barrier in another
+    // channel, the deleted one has none), no new rows appear.
+    Fixture::new(&relay, "elsewhere", 0).await.barrier(&relay).await;
     assert_eq!(deliveries(&relay).len(), 2);
-    let runs = relay.cli(&["runs", "list"]);
+    let runs = relay.cli(&["runs", "list", "--workflow", "w"]);
     assert!(
         runs.contains("\"status\":\"completed\"") || runs.contains("\"status\":\"cancelled\""),
         "{runs}"
@@ -1163,8 +1165,8 @@ async fn disabled_and_deleted_workflows_stop(backend: Backend) {
     let rows = deliveries(&relay);
     assert_eq!(rows[0]["status"], "cancelled");
     assert_eq!(rows[0]["id"], d["id"]);
+    // The OK of a message comes after its runs would have started.
     fx.post("two").await;
-    tokio::time::sleep(Duration::from_millis(800)).await;
     assert_eq!(relay.cli(&["runs", "list"]).lines().count(), 1);
     // The old revision stays fetchable by id (runs pin it), but not by other filters.
     assert_eq!(
@@ -1195,7 +1197,6 @@ async fn disabled_and_deleted_workflows_stop(backend: Backend) {
         .publish_ok(&event(&owner, 5, "", &[&["a", &addr]]))
         .await;
     fx.post("four").await;
-    tokio::time::sleep(Duration::from_millis(800)).await;
     assert_eq!(
         relay.cli(&["runs", "list"]).lines().count(),
         2,

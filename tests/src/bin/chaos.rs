@@ -52,8 +52,12 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Most of a kill point's deliveries and runs that may fail visibly
-    /// (a share, 0 to 1) before the campaign fails.
-    #[arg(long, default_value_t = 0.5)]
+    /// (a share, 0 to 1) before the campaign fails. Some failures are the
+    /// design: a webhook call cut by a kill fails its run `interrupted`
+    /// (never sent twice without `retry`), a handler killed mid-work ends
+    /// its lease. On a loaded 2-core machine one point reached 7 of 12
+    /// (RelayAfterWebhookSend); a broken handler fails all of them.
+    #[arg(long, default_value_t = 0.75)]
     max_failure_share: f64,
     /// Breaks the work on purpose (see the module's doc).
     #[arg(long, value_enum)]

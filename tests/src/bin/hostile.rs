@@ -265,7 +265,7 @@ async fn main() {
             (Some(u), Some(p)) => (u.clone(), p),
             _ => {
                 let backend = match args.backend.as_str() {
-                    "postgres" => Backend::postgres().expect("PostgreSQL"),
+                    "postgres" => Backend::postgres(),
                     _ => Backend::Sqlite,
                 };
                 let relay = Relay::start_opts(
