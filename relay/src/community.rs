@@ -56,13 +56,13 @@ impl Community {
 /// The cache is keyed by binding (a host as configured), so its size is
 /// bounded by the number of bindings, not by what clients send.
 pub struct Communities {
-    store: Arc<dyn Store>,
+    store: Arc<Store>,
     keys_dir: Option<std::path::PathBuf>,
     by_binding: RwLock<HashMap<String, Arc<Community>>>,
 }
 
 impl Communities {
-    pub fn new(store: Arc<dyn Store>, keys_dir: Option<std::path::PathBuf>) -> Self {
+    pub fn new(store: Arc<Store>, keys_dir: Option<std::path::PathBuf>) -> Self {
         Self {
             store,
             keys_dir,

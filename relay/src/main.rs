@@ -178,7 +178,7 @@ fn init_logs(cfg: &Config) -> anyhow::Result<()> {
 
 /// Opens the store a command other than `serve` reads: it must exist (only
 /// `serve` creates one), and the command says on stderr which it is.
-async fn open_existing(cfg: &Config) -> anyhow::Result<std::sync::Arc<dyn relay::store::Store>> {
+async fn open_existing(cfg: &Config) -> anyhow::Result<std::sync::Arc<relay::store::Store>> {
     let shown = relay::store::postgres::redacted(&cfg.database_url);
     let store = relay::store::open(cfg, relay::store::OpenMode::Existing)
         .await
@@ -229,7 +229,7 @@ fn print_community(c: &relay::store::CommunityRecord) -> anyhow::Result<()> {
 /// `relay community keys-out`: each key to its file first (synced), then
 /// the database's copy replaced by the marker; a crash in between leaves
 /// the key in both places, and running it again finishes the move.
-async fn keys_out(cfg: &Config, store: &dyn relay::store::Store, only: Option<&str>) -> anyhow::Result<()> {
+async fn keys_out(cfg: &Config, store: &relay::store::Store, only: Option<&str>) -> anyhow::Result<()> {
     let Some(dir) = &cfg.keys_dir else {
         anyhow::bail!(
             "keys_dir is not configured: set it (RELAY_KEYS_DIR or keys_dir in the config file) first"

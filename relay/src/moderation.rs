@@ -30,7 +30,7 @@ struct Entry {
 }
 
 pub struct ModerationCache {
-    store: Arc<dyn Store>,
+    store: Arc<Store>,
     map: RwLock<HashMap<String, Entry>>,
     /// Bumped by every `forget`: a load that straddles one is not kept.
     epoch: AtomicU64,
@@ -40,7 +40,7 @@ pub struct ModerationCache {
 }
 
 impl ModerationCache {
-    pub fn new(store: Arc<dyn Store>) -> Self {
+    pub fn new(store: Arc<Store>) -> Self {
         Self {
             store,
             map: RwLock::new(HashMap::new()),

@@ -14,7 +14,7 @@ use crate::state::AppState;
 use crate::store::{self, StoreError};
 
 /// Creates the default community on first start (zero-config).
-pub async fn ensure_default_community(cfg: &Config, store: &dyn store::Store) -> anyhow::Result<()> {
+pub async fn ensure_default_community(cfg: &Config, store: &store::Store) -> anyhow::Result<()> {
     let d = &cfg.default_community;
     if !d.enabled {
         return Ok(());
@@ -37,7 +37,7 @@ pub async fn ensure_default_community(cfg: &Config, store: &dyn store::Store) ->
 /// Every community's signing key loads: a community whose key file is
 /// missing or wrong would answer nothing but errors, so the relay refuses
 /// to start instead, naming it.
-async fn check_keys(cfg: &Config, store: &dyn store::Store) -> anyhow::Result<()> {
+async fn check_keys(cfg: &Config, store: &store::Store) -> anyhow::Result<()> {
     for c in store.list_communities().await? {
         crate::keys::load(&c, cfg.keys_dir.as_deref())?;
     }
@@ -272,7 +272,7 @@ async fn forward_remote(state: Arc<AppState>, mut remote: tokio::sync::mpsc::Rec
 async fn start_store(
     cfg: &Config,
 ) -> anyhow::Result<(
-    std::sync::Arc<dyn store::Store>,
+    std::sync::Arc<store::Store>,
     Option<tokio::sync::mpsc::Receiver<store::RemoteEvent>>,
 )> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(cfg.startup_db_wait_secs);

@@ -35,7 +35,7 @@ impl Kick {
 /// Everything a connection or HTTP handler needs, shared behind one `Arc`.
 pub struct AppState {
     pub cfg: Arc<Config>,
-    pub store: Arc<dyn Store>,
+    pub store: Arc<Store>,
     pub communities: Communities,
     pub hub: Hub,
     /// Cancelled once on SIGTERM/SIGINT: stop accepting, finish, close.
@@ -69,7 +69,7 @@ pub struct AppState {
 impl AppState {
     pub fn new(
         cfg: Config,
-        store: Arc<dyn Store>,
+        store: Arc<Store>,
         secrets: crate::secrets::SecretsKey,
         outcaller: crate::outcall::Outcaller,
     ) -> Self {
@@ -157,12 +157,7 @@ impl ChannelCache {
 
     /// The channel, or `None` when it does not exist or cannot be read now
     /// (callers treat that as "not visible": fail closed).
-    pub async fn get(
-        &self,
-        store: &dyn Store,
-        community: &Community,
-        channel: &str,
-    ) -> Option<Arc<ChannelView>> {
+    pub async fn get(&self, store: &Store, community: &Community, channel: &str) -> Option<Arc<ChannelView>> {
         let key = (community.id.clone(), channel.to_string());
         if let Some(v) = self.lock().get(&key) {
             return v.clone();

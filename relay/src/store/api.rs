@@ -4,7 +4,6 @@
 //! operation, finish) go through the call writer, which commits what is
 //! queued together, each call in its own savepoint (`group.rs`).
 
-use async_trait::async_trait;
 use nostr::prelude::{Event, Keys, PublicKey};
 use protocol::api::{OperationRequest, RenewRequest};
 use protocol::workflow::Cause;
@@ -13,9 +12,10 @@ use serde_json::Value;
 use super::calls::{Claim, Finish, Operation, Renew};
 use super::deliveries::{self, Answer, ClaimRequest, Delivery, FinishRequest, Finished, Refusal};
 pub use super::group::HttpAuthUse;
+
 use super::outcalls::{self, CallAnswer};
 use super::runs::{self, StepOutcome};
-use super::sqlstore::SqlStore;
+use super::sqlstore::Store;
 use super::workflows;
 use super::StoreError;
 use super::{manage, overview};
@@ -23,150 +23,9 @@ use crate::config::DeliveryConfig;
 use protocol::nip86::List;
 
 /// Workflows, runs and deliveries.
-#[async_trait]
-pub trait WorkflowStore: Send + Sync {
+impl Store {
     /// Executes the current step of a run (see `runs::execute_step`).
-    async fn execute_run_step(
-        &self,
-        community: &str,
-        keys: &Keys,
-        run_id: &str,
-        env: &runs::Env<'_>,
-        answer: Option<&CallAnswer>,
-    ) -> Result<StepOutcome, StoreError>;
-
-    /// Runs with a step to execute now, oldest first (`runs::due_runs`).
-    async fn due_runs(&self, community: &str, limit: u32) -> Result<Vec<String>, StoreError>;
-
-    /// Fires due schedule slots; returns new runs.
-    async fn fire_schedules(&self, community: &str) -> Result<Vec<String>, StoreError>;
-
-    /// Starts a run of a workflow whose trigger is `trigger` (manual runs
-    /// also need `caller` to be the owner). Returns (run id, newly created).
-    async fn start_run(
-        &self,
-        community: &str,
-        workflow_id: &str,
-        caller: Option<&PublicKey>,
-        trigger: &str,
-        cause: Cause,
-        context: Value,
-    ) -> Answer<(String, bool)>;
-
-    /// Stores the hash of a new webhook secret for the owner.
-    async fn set_webhook_secret(
-        &self,
-        community: &str,
-        workflow_id: &str,
-        caller: &PublicKey,
-        hash_hex: &str,
-    ) -> Answer<()>;
-
-    /// Sets (or rotates) a named secret of the owner's workflow, sealed by
-    /// the caller; returns when it was stored.
-    async fn set_secret(
-        &self,
-        community: &str,
-        workflow_id: &str,
-        caller: &PublicKey,
-        name: &str,
-        sealed: &[u8],
-    ) -> Answer<i64>;
-
-    /// (secret hash, trigger, live) of a workflow.
-    async fn webhook_target(
-        &self,
-        community: &str,
-        workflow_id: &str,
-    ) -> Result<Option<(Option<String>, String, bool)>, StoreError>;
-
-    /// A page of runs (for the owner when `caller` is given; all for operators).
-    async fn list_runs(
-        &self,
-        community: &str,
-        workflow_id: Option<&str>,
-        caller: Option<&PublicKey>,
-        before: Option<i64>,
-        limit: u32,
-    ) -> Answer<runs::RunList>;
-
-    /// One run; with `caller`, only its workflow's owner (still a member
-    /// of the channel) sees it.
-    async fn show_run(
-        &self,
-        community: &str,
-        run_id: &str,
-        caller: Option<&PublicKey>,
-    ) -> Answer<protocol::api::RunView>;
-
-    /// Each delivery call below spends `auth` (see [`HttpAuthUse`]) and
-    /// goes through the call writer.
-    async fn claim(
-        &self,
-        community: &str,
-        auth: HttpAuthUse,
-        caller: PublicKey,
-        req: ClaimRequest,
-    ) -> Answer<Option<Delivery>>;
-
-    async fn renew(
-        &self,
-        community: &str,
-        auth: HttpAuthUse,
-        caller: PublicKey,
-        id: String,
-        req: RenewRequest,
-    ) -> Answer<i64>;
-
-    async fn record_operation(
-        &self,
-        community: &str,
-        auth: HttpAuthUse,
-        caller: PublicKey,
-        id: String,
-        req: OperationRequest,
-    ) -> Answer<()>;
-
-    #[allow(clippy::too_many_arguments)]
-    async fn finish(
-        &self,
-        community: &str,
-        auth: HttpAuthUse,
-        keys: &Keys,
-        caller: PublicKey,
-        id: String,
-        req: FinishRequest,
-    ) -> Answer<Finished>;
-
-    /// Deliveries, newest first, as `filter` narrows them.
-    async fn list_deliveries(
-        &self,
-        community: &str,
-        filter: &deliveries::ListFilter,
-        limit: u32,
-    ) -> Result<Vec<Delivery>, StoreError>;
-
-    /// One delivery with its attempts and recorded operations; with
-    /// `caller`, only for the delivery's target or its workflow's owner.
-    async fn show_delivery(
-        &self,
-        community: &str,
-        id: &str,
-        caller: Option<&PublicKey>,
-    ) -> Answer<protocol::api::DeliveryDetail>;
-
-    /// Expires and lapses what is due; returns the notices to announce.
-    async fn sweep_deliveries(
-        &self,
-        community: &str,
-        keys: &Keys,
-        cfg: &DeliveryConfig,
-    ) -> Result<Vec<(Event, String)>, StoreError>;
-}
-
-#[async_trait]
-impl WorkflowStore for SqlStore {
-    async fn execute_run_step(
+    pub async fn execute_run_step(
         &self,
         community: &str,
         keys: &Keys,
@@ -182,18 +41,22 @@ impl WorkflowStore for SqlStore {
         Ok(out)
     }
 
-    async fn due_runs(&self, community: &str, limit: u32) -> Result<Vec<String>, StoreError> {
+    /// Runs with a step to execute now, oldest first (`runs::due_runs`).
+    pub async fn due_runs(&self, community: &str, limit: u32) -> Result<Vec<String>, StoreError> {
         runs::due_runs(&self.pool, community, limit).await
     }
 
-    async fn fire_schedules(&self, community: &str) -> Result<Vec<String>, StoreError> {
+    /// Fires due schedule slots; returns new runs.
+    pub async fn fire_schedules(&self, community: &str) -> Result<Vec<String>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let runs = workflows::fire_schedules(&mut tx, community).await?;
         tx.commit().await?;
         Ok(runs)
     }
 
-    async fn start_run(
+    /// Starts a run of a workflow whose trigger is `trigger` (manual runs
+    /// also need `caller` to be the owner). Returns (run id, newly created).
+    pub async fn start_run(
         &self,
         community: &str,
         workflow_id: &str,
@@ -216,7 +79,8 @@ impl WorkflowStore for SqlStore {
         Ok(run)
     }
 
-    async fn set_webhook_secret(
+    /// Stores the hash of a new webhook secret for the owner.
+    pub async fn set_webhook_secret(
         &self,
         community: &str,
         workflow_id: &str,
@@ -230,7 +94,9 @@ impl WorkflowStore for SqlStore {
         Ok(())
     }
 
-    async fn set_secret(
+    /// Sets (or rotates) a named secret of the owner's workflow, sealed by
+    /// the caller; returns when it was stored.
+    pub async fn set_secret(
         &self,
         community: &str,
         workflow_id: &str,
@@ -245,7 +111,8 @@ impl WorkflowStore for SqlStore {
         Ok(at)
     }
 
-    async fn webhook_target(
+    /// (secret hash, trigger, live) of a workflow.
+    pub async fn webhook_target(
         &self,
         community: &str,
         workflow_id: &str,
@@ -254,7 +121,8 @@ impl WorkflowStore for SqlStore {
         workflows::webhook_target(&mut tx, community, workflow_id).await
     }
 
-    async fn list_runs(
+    /// A page of runs (for the owner when `caller` is given; all for operators).
+    pub async fn list_runs(
         &self,
         community: &str,
         workflow_id: Option<&str>,
@@ -269,7 +137,9 @@ impl WorkflowStore for SqlStore {
         Ok(runs::list_runs(&mut tx, community, workflow_id, before, limit).await?)
     }
 
-    async fn show_run(
+    /// One run; with `caller`, only its workflow's owner (still a member
+    /// of the channel) sees it.
+    pub async fn show_run(
         &self,
         community: &str,
         run_id: &str,
@@ -285,7 +155,9 @@ impl WorkflowStore for SqlStore {
         Ok(run)
     }
 
-    async fn claim(
+    /// Each delivery call below spends `auth` (see [`HttpAuthUse`]) and
+    /// goes through the call writer.
+    pub async fn claim(
         &self,
         community: &str,
         auth: HttpAuthUse,
@@ -305,7 +177,7 @@ impl WorkflowStore for SqlStore {
             .await
     }
 
-    async fn renew(
+    pub async fn renew(
         &self,
         community: &str,
         auth: HttpAuthUse,
@@ -323,7 +195,7 @@ impl WorkflowStore for SqlStore {
         self.calls.run_spending(auth, call).await
     }
 
-    async fn record_operation(
+    pub async fn record_operation(
         &self,
         community: &str,
         auth: HttpAuthUse,
@@ -341,7 +213,8 @@ impl WorkflowStore for SqlStore {
         self.calls.run_spending(auth, call).await
     }
 
-    async fn finish(
+    #[allow(clippy::too_many_arguments)]
+    pub async fn finish(
         &self,
         community: &str,
         auth: HttpAuthUse,
@@ -360,7 +233,8 @@ impl WorkflowStore for SqlStore {
         self.calls.run_spending(auth, call).await
     }
 
-    async fn list_deliveries(
+    /// Deliveries, newest first, as `filter` narrows them.
+    pub async fn list_deliveries(
         &self,
         community: &str,
         filter: &deliveries::ListFilter,
@@ -370,7 +244,9 @@ impl WorkflowStore for SqlStore {
         deliveries::list(&mut tx, community, filter, limit).await
     }
 
-    async fn show_delivery(
+    /// One delivery with its attempts and recorded operations; with
+    /// `caller`, only for the delivery's target or its workflow's owner.
+    pub async fn show_delivery(
         &self,
         community: &str,
         id: &str,
@@ -386,7 +262,8 @@ impl WorkflowStore for SqlStore {
         Ok(detail)
     }
 
-    async fn sweep_deliveries(
+    /// Expires and lapses what is due; returns the notices to announce.
+    pub async fn sweep_deliveries(
         &self,
         community: &str,
         keys: &Keys,
@@ -401,100 +278,7 @@ impl WorkflowStore for SqlStore {
     }
 }
 
-/// Management (NIP-86 and ours): each change with its notice in one
-/// transaction (`manage.rs`), announced to other processes inside it.
-#[async_trait]
-pub trait ManageStore: Send + Sync {
-    /// The community's bans and NIP-11 text.
-    async fn moderation(&self, community: &str) -> Result<manage::Moderation, StoreError>;
-
-    async fn list_entries(&self, community: &str, list: List) -> Result<Vec<([u8; 32], String)>, StoreError>;
-
-    async fn add_to_list(
-        &self,
-        community: &str,
-        keys: &Keys,
-        list: List,
-        value: &[u8; 32],
-        reason: &str,
-        actor: &PublicKey,
-    ) -> Answer<manage::Notice>;
-
-    async fn set_info(
-        &self,
-        community: &str,
-        keys: &Keys,
-        field: manage::InfoField,
-        text: &str,
-        actor: &PublicKey,
-    ) -> Result<manage::Notice, StoreError>;
-
-    /// `retrydelivery` (`retry`) or `canceldelivery`.
-    async fn act_on_delivery(
-        &self,
-        community: &str,
-        keys: &Keys,
-        actor: manage::Actor<'_>,
-        id: &str,
-        retry: bool,
-        cfg: &DeliveryConfig,
-    ) -> Answer<manage::DeliveryActed>;
-
-    async fn cancel_run(
-        &self,
-        community: &str,
-        keys: &Keys,
-        actor: manage::Actor<'_>,
-        run_id: &str,
-    ) -> Answer<manage::Notice>;
-
-    async fn set_paused(
-        &self,
-        community: &str,
-        keys: &Keys,
-        actor: manage::Actor<'_>,
-        workflow_id: &str,
-        paused: bool,
-    ) -> Answer<Option<manage::Notice>>;
-
-    /// Whether `owner` owns a workflow here.
-    async fn owns_workflow(&self, community: &str, owner: &PublicKey) -> Result<bool, StoreError>;
-
-    /// The dashboard's reads (`overview.rs`); `owner` narrows each to one
-    /// owner's workflows, agents and channels.
-    async fn dashboard_counts(
-        &self,
-        community: &str,
-        owner: Option<&PublicKey>,
-        now: i64,
-    ) -> Result<overview::Counts, StoreError>;
-
-    async fn dashboard_workflows(
-        &self,
-        community: &str,
-        owner: Option<&PublicKey>,
-    ) -> Result<Vec<protocol::dashboard::WorkflowSummary>, StoreError>;
-
-    async fn dashboard_workflow(
-        &self,
-        community: &str,
-        id: &str,
-    ) -> Result<Option<protocol::dashboard::WorkflowDetail>, StoreError>;
-
-    async fn dashboard_agents(
-        &self,
-        community: &str,
-        owner: Option<&PublicKey>,
-    ) -> Result<Vec<protocol::dashboard::AgentView>, StoreError>;
-
-    async fn dashboard_channels(
-        &self,
-        community: &str,
-        member: Option<&PublicKey>,
-    ) -> Result<Vec<protocol::dashboard::ChannelSummary>, StoreError>;
-}
-
-impl SqlStore {
+impl Store {
     /// Commits `tx` with `notices` announced to other processes inside it.
     async fn commit_noticed(
         &self,
@@ -509,19 +293,25 @@ impl SqlStore {
     }
 }
 
-#[async_trait]
-impl ManageStore for SqlStore {
-    async fn moderation(&self, community: &str) -> Result<manage::Moderation, StoreError> {
+/// Management (NIP-86 and ours): each change with its notice in one
+/// transaction (`manage.rs`), announced to other processes inside it.
+impl Store {
+    /// The community's bans and NIP-11 text.
+    pub async fn moderation(&self, community: &str) -> Result<manage::Moderation, StoreError> {
         let mut tx = self.pool.read().await?;
         manage::load(&mut tx, community).await
     }
 
-    async fn list_entries(&self, community: &str, list: List) -> Result<Vec<([u8; 32], String)>, StoreError> {
+    pub async fn list_entries(
+        &self,
+        community: &str,
+        list: List,
+    ) -> Result<Vec<([u8; 32], String)>, StoreError> {
         let mut tx = self.pool.read().await?;
         manage::entries(&mut tx, community, list).await
     }
 
-    async fn add_to_list(
+    pub async fn add_to_list(
         &self,
         community: &str,
         keys: &Keys,
@@ -536,7 +326,7 @@ impl ManageStore for SqlStore {
         Ok(notice)
     }
 
-    async fn set_info(
+    pub async fn set_info(
         &self,
         community: &str,
         keys: &Keys,
@@ -550,7 +340,8 @@ impl ManageStore for SqlStore {
         Ok(notice)
     }
 
-    async fn act_on_delivery(
+    /// `retrydelivery` (`retry`) or `canceldelivery`.
+    pub async fn act_on_delivery(
         &self,
         community: &str,
         keys: &Keys,
@@ -565,7 +356,7 @@ impl ManageStore for SqlStore {
         Ok(acted)
     }
 
-    async fn cancel_run(
+    pub async fn cancel_run(
         &self,
         community: &str,
         keys: &Keys,
@@ -578,7 +369,7 @@ impl ManageStore for SqlStore {
         Ok(notice)
     }
 
-    async fn set_paused(
+    pub async fn set_paused(
         &self,
         community: &str,
         keys: &Keys,
@@ -593,12 +384,15 @@ impl ManageStore for SqlStore {
         Ok(notice)
     }
 
-    async fn owns_workflow(&self, community: &str, owner: &PublicKey) -> Result<bool, StoreError> {
+    /// Whether `owner` owns a workflow here.
+    pub async fn owns_workflow(&self, community: &str, owner: &PublicKey) -> Result<bool, StoreError> {
         let mut tx = self.pool.read().await?;
         workflows::owns_any(&mut tx, community, owner).await
     }
 
-    async fn dashboard_counts(
+    /// The dashboard's reads (`overview.rs`); `owner` narrows each to one
+    /// owner's workflows, agents and channels.
+    pub async fn dashboard_counts(
         &self,
         community: &str,
         owner: Option<&PublicKey>,
@@ -608,7 +402,7 @@ impl ManageStore for SqlStore {
         overview::counts(&mut tx, community, owner.map(|o| o.to_bytes()).as_ref(), now).await
     }
 
-    async fn dashboard_workflows(
+    pub async fn dashboard_workflows(
         &self,
         community: &str,
         owner: Option<&PublicKey>,
@@ -617,7 +411,7 @@ impl ManageStore for SqlStore {
         overview::workflows(&mut tx, community, owner.map(|o| o.to_bytes()).as_ref()).await
     }
 
-    async fn dashboard_workflow(
+    pub async fn dashboard_workflow(
         &self,
         community: &str,
         id: &str,
@@ -626,7 +420,7 @@ impl ManageStore for SqlStore {
         overview::workflow(&mut tx, community, id).await
     }
 
-    async fn dashboard_agents(
+    pub async fn dashboard_agents(
         &self,
         community: &str,
         owner: Option<&PublicKey>,
@@ -635,7 +429,7 @@ impl ManageStore for SqlStore {
         overview::agents(&mut tx, community, owner.map(|o| o.to_bytes()).as_ref()).await
     }
 
-    async fn dashboard_channels(
+    pub async fn dashboard_channels(
         &self,
         community: &str,
         member: Option<&PublicKey>,

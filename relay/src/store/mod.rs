@@ -39,13 +39,9 @@ pub mod sqlstore;
 pub mod workflows;
 pub(crate) mod writer;
 
-use async_trait::async_trait;
-use nostr::prelude::{Event, Filter, Keys, PublicKey};
-use protocol::nip_oa::Attestation;
+use nostr::prelude::{Event, PublicKey};
 
-use crate::config::ChannelPolicy;
 pub use channels::{ChannelView, Published};
-use tokio::sync::mpsc;
 
 /// A community as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -167,153 +163,7 @@ pub enum OpenMode {
     Existing,
 }
 
-pub use api::{ManageStore, WorkflowStore};
-
-/// The storage interface of the relay (events, channels, agents; and through
-/// [`WorkflowStore`] workflows and deliveries).
-#[async_trait]
-pub trait Store: WorkflowStore + ManageStore + Send + Sync + 'static {
-    /// `"sqlite"` or `"postgres"`.
-    fn backend(&self) -> &'static str;
-
-    /// The community bound to a normalised host: an exact `host:port`
-    /// binding wins over a port-less binding of the same name.
-    async fn community_for_host(&self, host: &str) -> Result<Option<CommunityRecord>, StoreError>;
-
-    /// Creates a community; fails with [`StoreError::Conflict`] when the id
-    /// or one of the hosts is taken.
-    async fn add_community(&self, community: &CommunityRecord) -> Result<(), StoreError>;
-
-    /// All communities, by id.
-    async fn list_communities(&self) -> Result<Vec<CommunityRecord>, StoreError>;
-
-    /// Replaces a community's stored key (with the marker of a key moved to
-    /// a file, see `crate::keys`); `false` when there is no such community.
-    async fn set_community_key(&self, id: &str, stored: &str) -> Result<bool, StoreError>;
-
-    /// Queues a verified event for storage under the NIP-01/09/40 rules,
-    /// in one of the batched transactions of the store's writer (authors
-    /// in turn, one author's events in queue order: a deletion or a
-    /// replacement always follows what it names). The receiver yields the
-    /// outcome once the batch committed.
-    async fn enqueue_insert(
-        &self,
-        community: &str,
-        event: std::sync::Arc<Event>,
-        raw: std::sync::Arc<str>,
-    ) -> tokio::sync::oneshot::Receiver<Result<InsertOutcome, StoreError>>;
-
-    /// Stores a verified event under the NIP-01/09/40 rules.
-    async fn insert_event(
-        &self,
-        community: &str,
-        event: &Event,
-        raw: &str,
-    ) -> Result<InsertOutcome, StoreError>;
-
-    /// Stores an `h`-tagged event (or a channel creation) under the NIP-29
-    /// rules in one transaction with its state change and the relay-signed
-    /// metadata it makes current (signed with `keys`). Returns the outcome
-    /// and the events to announce.
-    async fn apply_channel_event(
-        &self,
-        community: &str,
-        keys: &Keys,
-        policy: &ChannelPolicy,
-        event: &Event,
-        raw: &str,
-    ) -> Result<(InsertOutcome, Published), StoreError>;
-
-    /// A channel and its members.
-    async fn channel(&self, community: &str, id: &str) -> Result<Option<ChannelView>, StoreError>;
-
-    /// Stores a kind 0 carrying a valid NIP-OA attestation, recording
-    /// agent -> owner on the first one; a later one naming another owner is
-    /// rejected (ownership is immutable).
-    async fn register_agent(
-        &self,
-        community: &str,
-        event: &Event,
-        raw: &str,
-        attestation: &Attestation,
-    ) -> Result<InsertOutcome, StoreError>;
-
-    /// The recorded owner of a managed agent.
-    async fn agent_owner(&self, community: &str, agent: &PublicKey) -> Result<Option<PublicKey>, StoreError>;
-
-    /// Channels `member` belongs to.
-    async fn channels_of(&self, community: &str, member: &PublicKey) -> Result<Vec<String>, StoreError>;
-
-    /// Records a NIP-98 auth event as used; `false` when it already was.
-    async fn use_http_auth(
-        &self,
-        community: &str,
-        event_id: &[u8; 32],
-        expires_at: i64,
-    ) -> Result<bool, StoreError>;
-
-    /// A page of the events matching one filter, newest first (ties by
-    /// lowest id): see [`Page`].
-    async fn query_page(
-        &self,
-        community: &str,
-        filter: &Filter,
-        page: &Page,
-        scope: &ReadScope,
-    ) -> Result<PageRows, StoreError>;
-
-    /// `(created_at, id)` of the events matching `filter` under the read
-    /// rules, in no order, at most `max` (NIP-77 sync: a caller that gets
-    /// `max` refuses rather than reconciles part of a set).
-    async fn sync_items(
-        &self,
-        community: &str,
-        filter: &Filter,
-        scope: &ReadScope,
-        max: usize,
-    ) -> Result<Vec<(u64, [u8; 32])>, StoreError>;
-
-    /// Number of distinct events matching any of the filters (NIP-45).
-    async fn count(&self, community: &str, filters: &[Filter], scope: &ReadScope) -> Result<u64, StoreError>;
-
-    /// Deletes events whose NIP-40 expiration has passed; returns how many.
-    async fn purge_expired(&self, now: u64) -> Result<u64, StoreError>;
-
-    /// Tells the other relay processes on this database about ephemeral
-    /// events, all in one transaction (stored events are announced by
-    /// `insert_event` itself, inside its transaction). Nothing to do for a
-    /// single-process backend.
-    async fn publish_ephemeral(&self, _community: &str, _raws: &[String]) -> Result<(), StoreError> {
-        Ok(())
-    }
-
-    /// Events accepted by other relay processes, or `None` for a
-    /// single-process backend. `capacity` bounds the channel.
-    async fn subscribe_remote(
-        &self,
-        _capacity: usize,
-    ) -> Result<Option<mpsc::Receiver<RemoteEvent>>, StoreError> {
-        Ok(None)
-    }
-
-    /// Periodic housekeeping (PostgreSQL: partitions ahead of time).
-    async fn maintain(&self, _now: u64) -> Result<(), StoreError> {
-        Ok(())
-    }
-
-    /// A community's gauges for the metrics: deliveries and runs by
-    /// status, and the oldest pending delivery's age (database clock).
-    async fn gauges(&self, community: &str) -> Result<Gauges, StoreError>;
-
-    /// Whether the database answers a trivial statement now.
-    async fn ping(&self) -> Result<(), StoreError>;
-
-    /// Whether both writers (events, calls) still take work.
-    fn writers_alive(&self) -> bool;
-
-    /// Flushes and closes connections.
-    async fn close(&self);
-}
+pub use sqlstore::Store;
 
 /// What the metrics read from the database, per community.
 #[derive(Debug, Default, Clone)]
@@ -327,10 +177,7 @@ pub struct Gauges {
 }
 
 /// Opens the backend the URL names and runs its migrations.
-pub async fn open(
-    cfg: &crate::config::Config,
-    mode: OpenMode,
-) -> Result<std::sync::Arc<dyn Store>, StoreError> {
+pub async fn open(cfg: &crate::config::Config, mode: OpenMode) -> Result<std::sync::Arc<Store>, StoreError> {
     let url = cfg.database_url.as_str();
     let ahead = cfg.postgres.partition_months_ahead;
     if url.starts_with("sqlite:") {
@@ -348,7 +195,7 @@ pub async fn open(
             writer,
             readers,
         };
-        Ok(std::sync::Arc::new(sqlstore::SqlStore::new(
+        Ok(std::sync::Arc::new(sqlstore::Store::new(
             pool,
             ahead,
             &cfg.writer,
@@ -357,7 +204,7 @@ pub async fn open(
     } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
         let (main, queries) = postgres::open(url, &cfg.postgres, mode).await?;
         let pool = db::Pool::Postgres { main, queries };
-        let store = sqlstore::SqlStore::new(pool, ahead, &cfg.writer, cfg.deliveries.clone())?;
+        let store = sqlstore::Store::new(pool, ahead, &cfg.writer, cfg.deliveries.clone())?;
         store.maintain(crate::clock::unix_now()).await?;
         Ok(std::sync::Arc::new(store))
     } else {

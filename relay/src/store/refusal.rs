@@ -1,6 +1,6 @@
 //! Why the store refuses a call: domain facts, each with the stable code
 //! the contract names and a message for people. How a refusal is said over
-//! HTTP (its status) is decided at the edge (`crate::api`), not here.
+//! HTTP (its status) is decided at the edge (`crate::http::status_of`), not here.
 
 use protocol::api::DeliveryStatus;
 

@@ -8,7 +8,6 @@
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use nostr::prelude::{Event, Filter, Keys, PublicKey};
 use protocol::nip_oa::Attestation;
 use tokio::sync::mpsc;
@@ -21,13 +20,13 @@ use super::refusal::{CallError, Refusal};
 use super::sql::{self, Dialect};
 use super::writer::{batch_writer, Bounds, InsertRequest};
 use super::{
-    ChannelView, CommunityRecord, InsertOutcome, Page, PageRows, Published, ReadScope, RemoteEvent, Store,
+    ChannelView, CommunityRecord, InsertOutcome, Page, PageRows, Published, ReadScope, RemoteEvent,
     StoreError, StoredEvent,
 };
 use crate::config::{ChannelPolicy, DeliveryConfig, WriterConfig};
 
 /// A store on SQLite or PostgreSQL.
-pub struct SqlStore {
+pub struct Store {
     pub(crate) pool: Pool,
     /// Identifies this process in cross-process announcements (PostgreSQL).
     origin: String,
@@ -38,7 +37,7 @@ pub struct SqlStore {
     pub(crate) calls: super::group::Calls,
 }
 
-impl SqlStore {
+impl Store {
     /// Wraps `pool` and starts its two writers (see [`WriterConfig`]).
     /// The call writer's calls read `deliveries`, handed over here once.
     pub fn new(
@@ -110,32 +109,46 @@ fn stored(rows: Vec<super::db::Row>) -> Result<Vec<StoredEvent>, StoreError> {
         .collect()
 }
 
-#[async_trait]
-impl Store for SqlStore {
-    fn backend(&self) -> &'static str {
+/// The storage interface of the relay (events, channels, agents; and through
+/// [`WorkflowStore`] workflows and deliveries).
+impl Store {
+    /// `"sqlite"` or `"postgres"`.
+    pub fn backend(&self) -> &'static str {
         match self.dialect() {
             Dialect::Sqlite => "sqlite",
             Dialect::Postgres => "postgres",
         }
     }
 
-    async fn community_for_host(&self, host: &str) -> Result<Option<CommunityRecord>, StoreError> {
+    /// The community bound to a normalised host: an exact `host:port`
+    /// binding wins over a port-less binding of the same name.
+    pub async fn community_for_host(&self, host: &str) -> Result<Option<CommunityRecord>, StoreError> {
         communities::for_host(&self.pool, host).await
     }
 
-    async fn add_community(&self, c: &CommunityRecord) -> Result<(), StoreError> {
+    /// Creates a community; fails with [`StoreError::Conflict`] when the id
+    /// or one of the hosts is taken.
+    pub async fn add_community(&self, c: &CommunityRecord) -> Result<(), StoreError> {
         communities::add(&self.pool, c).await
     }
 
-    async fn list_communities(&self) -> Result<Vec<CommunityRecord>, StoreError> {
+    /// All communities, by id.
+    pub async fn list_communities(&self) -> Result<Vec<CommunityRecord>, StoreError> {
         communities::list(&self.pool).await
     }
 
-    async fn set_community_key(&self, id: &str, stored: &str) -> Result<bool, StoreError> {
+    /// Replaces a community's stored key (with the marker of a key moved to
+    /// a file, see `crate::keys`); `false` when there is no such community.
+    pub async fn set_community_key(&self, id: &str, stored: &str) -> Result<bool, StoreError> {
         communities::set_key(&self.pool, id, stored).await
     }
 
-    async fn enqueue_insert(
+    /// Queues a verified event for storage under the NIP-01/09/40 rules,
+    /// in one of the batched transactions of the store's writer (authors
+    /// in turn, one author's events in queue order: a deletion or a
+    /// replacement always follows what it names). The receiver yields the
+    /// outcome once the batch committed.
+    pub async fn enqueue_insert(
         &self,
         community: &str,
         event: Arc<Event>,
@@ -154,7 +167,8 @@ impl Store for SqlStore {
         rx
     }
 
-    async fn insert_event(
+    /// Stores a verified event under the NIP-01/09/40 rules.
+    pub async fn insert_event(
         &self,
         community: &str,
         event: &Event,
@@ -169,7 +183,11 @@ impl Store for SqlStore {
         Ok(outcome)
     }
 
-    async fn apply_channel_event(
+    /// Stores an `h`-tagged event (or a channel creation) under the NIP-29
+    /// rules in one transaction with its state change and the relay-signed
+    /// metadata it makes current (signed with `keys`). Returns the outcome
+    /// and the events to announce.
+    pub async fn apply_channel_event(
         &self,
         community: &str,
         keys: &Keys,
@@ -191,12 +209,16 @@ impl Store for SqlStore {
         }
     }
 
-    async fn channel(&self, community: &str, id: &str) -> Result<Option<ChannelView>, StoreError> {
+    /// A channel and its members.
+    pub async fn channel(&self, community: &str, id: &str) -> Result<Option<ChannelView>, StoreError> {
         let mut tx = self.pool.read().await?;
         super::channels::load(&mut tx, community, id).await
     }
 
-    async fn register_agent(
+    /// Stores a kind 0 carrying a valid NIP-OA attestation, recording
+    /// agent -> owner on the first one; a later one naming another owner is
+    /// rejected (ownership is immutable).
+    pub async fn register_agent(
         &self,
         community: &str,
         event: &Event,
@@ -212,7 +234,12 @@ impl Store for SqlStore {
         Ok(outcome)
     }
 
-    async fn agent_owner(&self, community: &str, agent: &PublicKey) -> Result<Option<PublicKey>, StoreError> {
+    /// The recorded owner of a managed agent.
+    pub async fn agent_owner(
+        &self,
+        community: &str,
+        agent: &PublicKey,
+    ) -> Result<Option<PublicKey>, StoreError> {
         let row = self
             .pool
             .one(
@@ -229,7 +256,8 @@ impl Store for SqlStore {
         }
     }
 
-    async fn channels_of(&self, community: &str, member: &PublicKey) -> Result<Vec<String>, StoreError> {
+    /// Channels `member` belongs to.
+    pub async fn channels_of(&self, community: &str, member: &PublicKey) -> Result<Vec<String>, StoreError> {
         let rows = self
             .pool
             .all(
@@ -243,7 +271,8 @@ impl Store for SqlStore {
         rows.iter().map(|r| r.text(0)).collect()
     }
 
-    async fn use_http_auth(
+    /// Records a NIP-98 auth event as used; `false` when it already was.
+    pub async fn use_http_auth(
         &self,
         community: &str,
         event_id: &[u8; 32],
@@ -264,7 +293,11 @@ impl Store for SqlStore {
         }
     }
 
-    async fn publish_ephemeral(&self, community: &str, raws: &[String]) -> Result<(), StoreError> {
+    /// Tells the other relay processes on this database about ephemeral
+    /// events, all in one transaction (stored events are announced by
+    /// `insert_event` itself, inside its transaction). Nothing to do for a
+    /// single-process backend.
+    pub async fn publish_ephemeral(&self, community: &str, raws: &[String]) -> Result<(), StoreError> {
         if self.dialect() == Dialect::Postgres && !raws.is_empty() {
             let mut tx = self.pool.begin().await?;
             self.announce(&mut tx, community, raws).await?;
@@ -273,7 +306,9 @@ impl Store for SqlStore {
         Ok(())
     }
 
-    async fn subscribe_remote(
+    /// Events accepted by other relay processes, or `None` for a
+    /// single-process backend. `capacity` bounds the channel.
+    pub async fn subscribe_remote(
         &self,
         capacity: usize,
     ) -> Result<Option<mpsc::Receiver<RemoteEvent>>, StoreError> {
@@ -285,7 +320,9 @@ impl Store for SqlStore {
         }
     }
 
-    async fn query_page(
+    /// A page of the events matching one filter, newest first (ties by
+    /// lowest id): see [`Page`].
+    pub async fn query_page(
         &self,
         community: &str,
         filter: &Filter,
@@ -313,7 +350,10 @@ impl Store for SqlStore {
         })
     }
 
-    async fn sync_items(
+    /// `(created_at, id)` of the events matching `filter` under the read
+    /// rules, in no order, at most `max` (NIP-77 sync: a caller that gets
+    /// `max` refuses rather than reconciles part of a set).
+    pub async fn sync_items(
         &self,
         community: &str,
         filter: &Filter,
@@ -327,7 +367,13 @@ impl Store for SqlStore {
             .collect()
     }
 
-    async fn count(&self, community: &str, filters: &[Filter], scope: &ReadScope) -> Result<u64, StoreError> {
+    /// Number of distinct events matching any of the filters (NIP-45).
+    pub async fn count(
+        &self,
+        community: &str,
+        filters: &[Filter],
+        scope: &ReadScope,
+    ) -> Result<u64, StoreError> {
         let q = sql::count_events(self.dialect(), community, filters, scope);
         let rows = self.pool.query_all(q).await?;
         Ok(rows
@@ -337,7 +383,8 @@ impl Store for SqlStore {
             .map_or(0, |n| u64::try_from(n).unwrap_or(0)))
     }
 
-    async fn purge_expired(&self, now: u64) -> Result<u64, StoreError> {
+    /// Deletes events whose NIP-40 expiration has passed; returns how many.
+    pub async fn purge_expired(&self, now: u64) -> Result<u64, StoreError> {
         let now = i64::try_from(now).unwrap_or(i64::MAX);
         let n = self
             .pool
@@ -354,14 +401,17 @@ impl Store for SqlStore {
         Ok(n)
     }
 
-    async fn maintain(&self, now: u64) -> Result<(), StoreError> {
+    /// Periodic housekeeping (PostgreSQL: partitions ahead of time).
+    pub async fn maintain(&self, now: u64) -> Result<(), StoreError> {
         if let Pool::Postgres { main: p, .. } = &self.pool {
             super::postgres::ensure_partitions(p, now, self.partition_months_ahead).await?;
         }
         Ok(())
     }
 
-    async fn gauges(&self, community: &str) -> Result<super::Gauges, StoreError> {
+    /// A community's gauges for the metrics: deliveries and runs by
+    /// status, and the oldest pending delivery's age (database clock).
+    pub async fn gauges(&self, community: &str) -> Result<super::Gauges, StoreError> {
         let by_status = |table: &str| {
             Q::new(format!(
                 "SELECT status, COUNT(*) AS n FROM {table} WHERE community_id = $1 GROUP BY status"
@@ -397,15 +447,18 @@ impl Store for SqlStore {
         })
     }
 
-    async fn ping(&self) -> Result<(), StoreError> {
+    /// Whether the database answers a trivial statement now.
+    pub async fn ping(&self) -> Result<(), StoreError> {
         self.pool.all(Q::new("SELECT 1")).await.map(|_| ())
     }
 
-    fn writers_alive(&self) -> bool {
+    /// Whether both writers (events, calls) still take work.
+    pub fn writers_alive(&self) -> bool {
         !self.writer.is_closed() && self.calls.alive()
     }
 
-    async fn close(&self) {
+    /// Flushes and closes connections.
+    pub async fn close(&self) {
         self.pool.close().await;
     }
 }
