@@ -17,6 +17,15 @@
 //! `no-runs`, `forget-side-effects`.
 
 use std::collections::HashMap;
+
+/// Failure codes a kill makes by contract, not counted against
+/// `--max-failure-share`: a webhook call cut by a kill fails its run
+/// `interrupted` (it is never sent twice without `retry`), and a handler
+/// stopped after recording a write fails its delivery
+/// `interrupted_after_write` (a retry would write twice). On a loaded 2-core
+/// machine they made 3 of 7 failures at RelayAfterWebhookSend, 7 of 12
+/// units there in all.
+const BY_DESIGN: [&str; 2] = ["interrupted", "interrupted_after_write"];
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -52,12 +61,9 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Most of a kill point's deliveries and runs that may fail visibly
-    /// (a share, 0 to 1) before the campaign fails. Some failures are the
-    /// design: a webhook call cut by a kill fails its run `interrupted`
-    /// (never sent twice without `retry`), a handler killed mid-work ends
-    /// its lease. On a loaded 2-core machine one point reached 7 of 12
-    /// (RelayAfterWebhookSend); a broken handler fails all of them.
-    #[arg(long, default_value_t = 0.75)]
+    /// (a share, 0 to 1) before the campaign fails, not counting the
+    /// failures the contract itself makes on a kill ([`BY_DESIGN`]).
+    #[arg(long, default_value_t = 0.5)]
     max_failure_share: f64,
     /// Breaks the work on purpose (see the module's doc).
     #[arg(long, value_enum)]
@@ -267,13 +273,21 @@ impl Counts {
         out
     }
 
-    /// Kill points where more than `max_share` of the work failed visibly.
+    /// Kill points where more than `max_share` of the work failed visibly
+    /// for a reason other than the contract's ([`BY_DESIGN`]).
     fn failing_points(&self, max_share: f64) -> Vec<String> {
         let mut out: Vec<String> = self
             .failures_by_point
             .iter()
-            .filter(|(_, (failed, of))| *of > 0 && *failed as f64 > max_share * *of as f64)
-            .map(|(k, (failed, of))| format!("{k}:{failed}/{of}"))
+            .map(|(k, (failed, of))| {
+                let designed: usize = BY_DESIGN
+                    .iter()
+                    .filter_map(|code| self.failure_codes.get(&(k.clone(), code.to_string())))
+                    .sum();
+                (k, failed.saturating_sub(designed), *of)
+            })
+            .filter(|(_, failed, of)| *of > 0 && *failed as f64 > max_share * *of as f64)
+            .map(|(k, failed, of)| format!("{k}:{failed}/{of}"))
             .collect();
         out.sort();
         out
