@@ -21,7 +21,7 @@ use sha2::{Digest, Sha256};
 
 use crate::http::{error, limited, not_answered, unavailable, Authed, AuthedCall, Tenant};
 use crate::state::AppState;
-use crate::store::refusal::Answer;
+use crate::refusal::Answer;
 
 /// The API routes.
 pub fn routes() -> Router<Arc<AppState>> {
@@ -223,7 +223,7 @@ async fn list_deliveries(
         .unwrap_or(state.cfg.deliveries.max_page)
         .clamp(1, state.cfg.deliveries.max_page);
     let community = &auth.tenant.community.id;
-    let filter = crate::store::deliveries::ListFilter {
+    let filter = crate::delivery::deliveries::ListFilter {
         target: Some(auth.pubkey),
         status,
         before: q.before,
@@ -486,7 +486,7 @@ async fn webhook(
                 "Idempotency-Key must be 1 to 200 bytes",
             )
         }
-        None => crate::store::workflows::new_id(),
+        None => crate::workflow::definitions::new_id(),
     };
     let cause = protocol::workflow::Cause {
         kind: protocol::api::CauseKind::Webhook,

@@ -1,7 +1,7 @@
 //! This process's clock, in the unit every rule uses: unix seconds.
 //!
 //! (The database clock, which every relay process on one PostgreSQL
-//! database shares, is read through `store::db::Tx::now`.)
+//! database shares, is read through `crate::persistence::db::Tx::now`.)
 
 /// Unix seconds now (0 if the system clock is before 1970).
 pub fn unix_now() -> u64 {

@@ -359,7 +359,7 @@ pub struct SqliteConfig {
     /// (also across power loss, at a cost in write latency).
     pub synchronous: String,
     /// Reader connections in the pool, and as many REQ reader threads with
-    /// a connection each (`store::readers`); one writer besides.
+    /// a connection each (`persistence::readers`); one writer besides.
     pub pool_size: u32,
     /// Bytes of the database file read through a memory map (0: none).
     pub mmap_size_bytes: u64,

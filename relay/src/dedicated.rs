@@ -5,7 +5,7 @@
 //! Why: these tasks hold the one write lock of the store across several
 //! statements. On PostgreSQL they await the database once per statement
 //! (it answers over a socket); SQLite's writer runs each statement on the
-//! calling thread (`store::lite`), which must then be one that may block
+//! calling thread (`persistence::lite`), which must then be one that may block
 //! for the statement's microseconds. (When sqlx ran the SQLite writer on
 //! its own worker thread, every statement woke the awaiting task.) On the relay's
 //! shared runtime such a wake-up from outside lands in the global queue,

@@ -17,8 +17,8 @@ use nostr::prelude::{Event, EventBuilder, Keys, Kind, Timestamp};
 
 use crate::clock::unix_now;
 use crate::state::AppState;
-use crate::store::outcalls::{CallAnswer, OutCall};
-use crate::store::runs::{Env, NewDelivery};
+use crate::workflow::outcalls::{CallAnswer, OutCall};
+use crate::workflow::runs::{Env, NewDelivery};
 
 /// How long the engine's list of communities is used before it is read
 /// again. Communities are added from the CLI while the relay runs; a pass
@@ -94,7 +94,7 @@ pub async fn wake_delivery(
     state: &AppState,
     community: &str,
     keys: &Keys,
-    d: &crate::store::deliveries::Delivery,
+    d: &crate::delivery::deliveries::Delivery,
 ) {
     let Ok(target) = nostr::prelude::PublicKey::from_slice(&d.target) else {
         return;
@@ -163,7 +163,7 @@ fn spawn_call(state: &Arc<AppState>, community: &str, keys: &Keys, call: OutCall
             .outcaller
             .send(&community, allow, &state.secrets, &call)
             .await;
-        if let crate::store::outcalls::CallResult::Failed { code, message } = &result {
+        if let crate::workflow::outcalls::CallResult::Failed { code, message } = &result {
             tracing::warn!(
                 community,
                 run_id = call.run_id,

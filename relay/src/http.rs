@@ -13,7 +13,7 @@ use axum::Json;
 use crate::community::Community;
 use crate::state::AppState;
 use crate::store::api::HttpAuthUse;
-use crate::store::refusal::{CallError, Refusal};
+use crate::refusal::{CallError, Refusal};
 use crate::store::StoreError;
 
 /// A JSON error answer: `{"error": code, "message": text}`.

@@ -2,14 +2,18 @@
 //!
 //! See `docs/ARCHITECTURE.md` for the map of modules and their invariants.
 
+pub mod admin;
 pub mod admission;
 pub mod api;
 pub mod budget;
 pub mod clock;
+pub mod channels;
 pub mod community;
 pub mod engine;
+pub mod events;
 
 pub mod config;
+pub mod delivery;
 pub mod dedicated;
 pub mod faults;
 
@@ -23,7 +27,9 @@ pub mod moderation;
 pub mod neg;
 pub mod outbound;
 pub mod outcall;
+pub mod persistence;
 pub mod ratelimit;
+pub mod refusal;
 pub mod req;
 pub mod routes;
 pub mod secrets;
@@ -34,4 +40,5 @@ pub mod store;
 pub mod telemetry;
 pub mod ui;
 pub mod verify;
+pub mod workflow;
 pub mod ws;

@@ -41,7 +41,7 @@ pub fn weight(searches: &[Option<protocol::search::Query>]) -> (usize, usize) {
 
 /// The parsed search of each filter.
 pub fn searches_of(filters: &[Filter]) -> Vec<Option<protocol::search::Query>> {
-    filters.iter().map(crate::store::sql::search_of).collect()
+    filters.iter().map(crate::events::query::search_of).collect()
 }
 
 impl SearchLoad {

@@ -179,7 +179,7 @@ fn init_logs(cfg: &Config) -> anyhow::Result<()> {
 /// Opens the store a command other than `serve` reads: it must exist (only
 /// `serve` creates one), and the command says on stderr which it is.
 async fn open_existing(cfg: &Config) -> anyhow::Result<std::sync::Arc<relay::store::Store>> {
-    let shown = relay::store::postgres::redacted(&cfg.database_url);
+    let shown = relay::persistence::postgres::redacted(&cfg.database_url);
     let store = relay::store::open(cfg, relay::store::OpenMode::Existing)
         .await
         .with_context(|| format!("opening the database {shown}"))?;
@@ -267,7 +267,7 @@ async fn deliveries(cfg: Config, community: &str, command: DeliveriesCommand) ->
                 let target = target
                     .map(|t| nostr::prelude::PublicKey::from_hex(&t))
                     .transpose()?;
-                let filter = relay::store::deliveries::ListFilter {
+                let filter = relay::delivery::deliveries::ListFilter {
                     target,
                     status,
                     ..Default::default()
@@ -280,10 +280,10 @@ async fn deliveries(cfg: Config, community: &str, command: DeliveriesCommand) ->
             DeliveriesCommand::Show { id } => {
                 match store.show_delivery(community, &id, None).await {
                     Ok(detail) => println!("{}", serde_json::to_string(&detail)?),
-                    Err(relay::store::refusal::CallError::Refused(_)) => {
+                    Err(relay::refusal::CallError::Refused(_)) => {
                         anyhow::bail!("no delivery {id} in community {community}")
                     }
-                    Err(relay::store::refusal::CallError::Store(e)) => return Err(e.into()),
+                    Err(relay::refusal::CallError::Store(e)) => return Err(e.into()),
                 }
                 Ok(())
             }

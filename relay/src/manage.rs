@@ -15,8 +15,8 @@ use serde_json::{json, Value};
 
 use crate::http::{limited, status_of, Authed};
 use crate::state::AppState;
-use crate::store::manage::{Actor, InfoField, Notice};
-use crate::store::refusal::CallError;
+use crate::admin::manage::{Actor, InfoField, Notice};
+use crate::refusal::CallError;
 
 /// An answer: the HTTP status and the body.
 type Answered = Result<Value, (StatusCode, String)>;
@@ -211,7 +211,7 @@ async fn list_deliveries(state: &AppState, community: &str, actor: Actor<'_>, q:
         .map(nostr::prelude::PublicKey::from_hex)
         .transpose()
         .map_err(|e| (StatusCode::BAD_REQUEST, format!("invalid: target: {e}")))?;
-    let filter = crate::store::deliveries::ListFilter {
+    let filter = crate::delivery::deliveries::ListFilter {
         status: q.status,
         workflow: q.workflow,
         run: q.run,

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use nostr::prelude::{Event, PublicKey};
 
 use crate::community::Community;
-use crate::store::manage::Moderation;
+use crate::admin::manage::Moderation;
 use crate::store::Store;
 
 /// The longest a process uses a community's moderation without reading it again.
@@ -103,7 +103,7 @@ impl ModerationCache {
         }
         let ours = event.tags.iter().any(|t| {
             let v = t.as_slice();
-            v.len() >= 2 && v[0] == "L" && v[1] == crate::store::notices::MANAGEMENT_NAMESPACE
+            v.len() >= 2 && v[0] == "L" && v[1] == crate::events::notices::MANAGEMENT_NAMESPACE
         });
         if !ours {
             return;

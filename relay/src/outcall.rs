@@ -22,7 +22,7 @@ use serde_json::Value;
 
 use crate::config::WebhookConfig;
 use crate::secrets::SecretsKey;
-use crate::store::outcalls::{CallResult, OutCall};
+use crate::workflow::outcalls::{CallResult, OutCall};
 
 /// Why an address may not be reached, by class.
 pub fn forbidden(ip: IpAddr) -> Option<&'static str> {

@@ -23,7 +23,7 @@ use serde_json::json;
 
 use crate::outbound::{Outbound, Overflow};
 use crate::state::AppState;
-use crate::store::sql::{search_of, After, Position};
+use crate::events::query::{search_of, After, Position};
 use crate::store::{Page, ReadScope, StoreError, StoredEvent};
 
 /// How long stored results may wait for a slow reader before it is dropped.

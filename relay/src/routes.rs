@@ -201,7 +201,7 @@ async fn root(
 pub fn relay_info(
     state: &AppState,
     community: &Community,
-    moderation: &crate::store::manage::Moderation,
+    moderation: &crate::admin::manage::Moderation,
 ) -> serde_json::Value {
     let l = &state.cfg.limits;
     let access = state.cfg.access(&community.id);

@@ -13,7 +13,7 @@ use nostr::prelude::Event;
 use crate::community::{Communities, Community};
 use crate::config::Config;
 use crate::hub::Hub;
-use crate::store::channels::{self, ChannelView};
+use crate::channels::rules::{self as channels, ChannelView};
 use crate::store::Store;
 
 /// Wakes the workflow engine early (a run may have started); the engine

@@ -126,50 +126,59 @@ fn imports_point_down() {
     );
 }
 
-/// The same inside `relay/src/store`: each file uses only the store's
-/// files of lower layers (`mod.rs`, the root, and its shared types are
-/// open to all). A name after `super::` that is not a file of the store is
-/// an item of `mod.rs`.
+/// The same inside each folder of `relay/src`: each file uses only the
+/// folder's files of lower layers, from the folder's own block of
+/// ARCHITECTURE.md (`<folder>-layers`; `mod.rs`, the folder's root, is
+/// open to all). Every file must be listed, and every name listed must be
+/// a file. A name after `super::` that is not a file of the folder is an
+/// item of its `mod.rs`.
 #[test]
-fn store_imports_point_down() {
-    let layers = layers("store-layers");
-    let dir = root().join("src/store");
-    let files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("store")
-        .map(|e| e.expect("entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "rs"))
-        .collect();
-    let module_of = |p: &Path| p.file_stem().and_then(|s| s.to_str()).unwrap_or("").to_string();
-    let modules: Vec<String> = files
-        .iter()
-        .map(|p| module_of(p))
-        .filter(|m| m != "mod")
-        .collect();
+fn folder_imports_point_down() {
     let mut wrong = Vec::new();
-    for file in &files {
-        let module = module_of(file);
-        if module == "mod" {
+    for (folder, files) in modules() {
+        if files.len() == 1 {
             continue;
         }
-        let Some(&mine) = layers.get(&module) else {
-            wrong.push(format!(
-                "store/{module} is not in the store-layers of ARCHITECTURE.md"
-            ));
-            continue;
-        };
-        for used in uses(file, &["super::", "crate::store::"]) {
-            if used == module || !modules.contains(&used) {
+        let layers = layers(&format!("{folder}-layers"));
+        let module_of = |p: &Path| p.file_stem().and_then(|s| s.to_str()).unwrap_or("").to_string();
+        let modules: Vec<String> = files
+            .iter()
+            .map(|p| module_of(p))
+            .filter(|m| m != "mod")
+            .collect();
+        for listed in layers.keys() {
+            if !modules.contains(listed) {
+                wrong.push(format!(
+                    "{folder}-layers lists {listed}, which is not a file of {folder}/"
+                ));
+            }
+        }
+        let inside = format!("crate::{folder}::");
+        for file in &files {
+            let module = module_of(file);
+            if module == "mod" {
                 continue;
             }
-            match layers.get(&used) {
-                Some(&theirs) if theirs < mine => {}
-                _ => wrong.push(format!("store/{module}.rs uses {used}, which is not below it")),
+            let Some(&mine) = layers.get(&module) else {
+                wrong.push(format!(
+                    "{folder}/{module} is not in the {folder}-layers of ARCHITECTURE.md"
+                ));
+                continue;
+            };
+            for used in uses(file, &["super::", &inside]) {
+                if used == module || !modules.contains(&used) {
+                    continue;
+                }
+                match layers.get(&used) {
+                    Some(&theirs) if theirs < mine => {}
+                    _ => wrong.push(format!("{folder}/{module}.rs uses {used}, which is not below it")),
+                }
             }
         }
     }
     assert!(
         wrong.is_empty(),
-        "store imports that do not point down:\n{}",
+        "folder imports that do not point down:\n{}",
         wrong.join("\n")
     );
 }

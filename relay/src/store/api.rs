@@ -9,16 +9,20 @@ use protocol::api::{OperationRequest, RenewRequest};
 use protocol::workflow::Cause;
 use serde_json::Value;
 
-use super::calls::{Claim, Finish, Operation, Renew};
-use super::deliveries::{self, Answer, ClaimRequest, Delivery, FinishRequest, Finished, Refusal};
-pub use super::group::HttpAuthUse;
+use crate::store::calls::{Claim, Finish, Operation, Renew};
+use crate::delivery::deliveries;
+use crate::delivery::deliveries::{Answer, ClaimRequest, Delivery, FinishRequest, Finished, Refusal};
+pub use crate::store::group::HttpAuthUse;
 
-use super::outcalls::{self, CallAnswer};
-use super::runs::{self, StepOutcome};
-use super::sqlstore::Store;
-use super::workflows;
-use super::StoreError;
-use super::{manage, overview};
+use crate::workflow::outcalls;
+use crate::workflow::outcalls::{CallAnswer};
+use crate::workflow::runs;
+use crate::workflow::runs::{StepOutcome};
+use crate::store::sqlstore::Store;
+use crate::workflow::definitions as workflows;
+use crate::persistence::StoreError;
+use crate::admin::manage;
+use crate::admin::overview;
 use crate::config::DeliveryConfig;
 use protocol::nip86::List;
 
@@ -282,7 +286,7 @@ impl Store {
     /// Commits `tx` with `notices` announced to other processes inside it.
     async fn commit_noticed(
         &self,
-        mut tx: super::db::Tx<'_>,
+        mut tx: crate::persistence::db::Tx<'_>,
         community: &str,
         notices: &[&manage::Notice],
     ) -> Result<(), StoreError> {

@@ -8,13 +8,15 @@ use futures_util::future::BoxFuture;
 use nostr::prelude::{Event, Keys, PublicKey};
 use protocol::api::{ClaimRequest, FinishRequest, OperationRequest, Outcome, RenewRequest};
 
-use super::channels::{self, Published};
-use super::db::Tx;
-use super::deliveries::{self, Delivery, Finished};
-use super::events::author_lock_key;
-use super::group::WriteCall;
-use super::refusal::Answer;
-use super::InsertOutcome;
+use crate::channels::rules as channels;
+use crate::channels::rules::{Published};
+use crate::persistence::db::Tx;
+use crate::delivery::deliveries;
+use crate::delivery::deliveries::{Delivery, Finished};
+use crate::events::rules::author_lock_key;
+use crate::store::group::WriteCall;
+use crate::refusal::Answer;
+use crate::events::InsertOutcome;
 use crate::config::{ChannelPolicy, DeliveryConfig};
 
 /// Nothing but the job's auth record (a NIP-98 request that writes nothing

@@ -26,9 +26,9 @@ use futures_util::future::BoxFuture;
 use nostr::prelude::PublicKey;
 use tokio::sync::{mpsc, oneshot};
 
-use super::db::{Conn, Dialect, Pool, Tx, Q};
-use super::refusal::{Answer, CallError, Refusal};
-use super::StoreError;
+use crate::persistence::db::{Conn, Dialect, Pool, Tx, Q};
+use crate::refusal::{Answer, CallError, Refusal};
+use crate::persistence::StoreError;
 use crate::config::DeliveryConfig;
 
 /// A NIP-98 auth event that a delivery call spends: recorded as used in the
@@ -545,7 +545,7 @@ async fn run_batch(
             .filter(|j| j.kept())
             .flat_map(|j| j.announced().into_iter().map(|raw| (j.community(), raw)))
             .collect();
-        if let Err(e) = super::postgres::notify(&mut tx, origin, &kept).await {
+        if let Err(e) = crate::persistence::postgres::notify(&mut tx, origin, &kept).await {
             return fail_all(batch, e);
         }
     }

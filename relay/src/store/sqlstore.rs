@@ -13,16 +13,23 @@ use protocol::nip_oa::Attestation;
 use tokio::sync::mpsc;
 use tokio::sync::oneshot;
 
-use super::communities;
-use super::db::{Pool, Tx, Q};
-use super::group::HttpAuthUse;
-use super::refusal::{CallError, Refusal};
-use super::sql::{self, Dialect};
-use super::writer::{batch_writer, Bounds, InsertRequest};
-use super::{
-    ChannelView, CommunityRecord, InsertOutcome, Page, PageRows, Published, ReadScope, RemoteEvent,
-    StoreError, StoredEvent,
-};
+use crate::admin::communities;
+use crate::persistence::db::{Pool, Tx, Q};
+use crate::store::group::HttpAuthUse;
+use crate::refusal::{CallError, Refusal};
+use crate::events::query as sql;
+use crate::persistence::sql::{Dialect};
+use crate::store::writer::{batch_writer, Bounds, InsertRequest};
+use crate::channels::rules::ChannelView;
+use crate::admin::communities::CommunityRecord;
+use crate::events::InsertOutcome;
+use crate::events::Page;
+use crate::events::PageRows;
+use crate::channels::rules::Published;
+use crate::events::ReadScope;
+use crate::persistence::RemoteEvent;
+use crate::persistence::StoreError;
+use crate::events::StoredEvent;
 use crate::config::{ChannelPolicy, DeliveryConfig, WriterConfig};
 
 /// A store on SQLite or PostgreSQL.
@@ -34,7 +41,7 @@ pub struct Store {
     /// The event writer's queue.
     writer: mpsc::Sender<InsertRequest>,
     /// The call writer (group commit of small write calls).
-    pub(crate) calls: super::group::Calls,
+    pub(crate) calls: crate::store::group::Calls,
 }
 
 impl Store {
@@ -60,14 +67,14 @@ impl Store {
             batch_writer(pool.clone(), origin.clone(), rx, bounds),
         )
         .map_err(|e| StoreError::Start(format!("event writer: {e}")))?;
-        let setup = super::group::WriterSetup {
+        let setup = crate::store::group::WriterSetup {
             origin: origin.clone(),
             queue: w.call_queue,
             batch: w.call_batch,
             writers: w.call_writers,
             deliveries,
         };
-        let calls = super::group::Calls::start(pool.clone(), setup)?;
+        let calls = crate::store::group::Calls::start(pool.clone(), setup)?;
         Ok(Self {
             pool,
             origin,
@@ -91,13 +98,13 @@ impl Store {
     ) -> Result<(), StoreError> {
         if tx.dialect() == Dialect::Postgres {
             let events: Vec<(&str, &str)> = raws.iter().map(|raw| (community, raw.as_ref())).collect();
-            super::postgres::notify(tx, &self.origin, &events).await?;
+            crate::persistence::postgres::notify(tx, &self.origin, &events).await?;
         }
         Ok(())
     }
 }
 
-fn stored(rows: Vec<super::db::Row>) -> Result<Vec<StoredEvent>, StoreError> {
+fn stored(rows: Vec<crate::persistence::db::Row>) -> Result<Vec<StoredEvent>, StoreError> {
     rows.into_iter()
         .map(|mut r| {
             Ok(StoredEvent {
@@ -175,7 +182,7 @@ impl Store {
         raw: &str,
     ) -> Result<InsertOutcome, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let outcome = super::workflows::insert_event(&mut tx, community, event, raw, None).await?;
+        let outcome = crate::workflow::definitions::insert_event(&mut tx, community, event, raw, None).await?;
         if outcome == InsertOutcome::Stored {
             self.announce(&mut tx, community, &[raw]).await?;
             tx.commit().await?;
@@ -195,7 +202,7 @@ impl Store {
         event: &Event,
         raw: &str,
     ) -> Result<(InsertOutcome, Published), StoreError> {
-        let call = super::calls::ChannelEvent {
+        let call = crate::store::calls::ChannelEvent {
             community: community.to_string(),
             keys: keys.clone(),
             policy: policy.clone(),
@@ -212,7 +219,7 @@ impl Store {
     /// A channel and its members.
     pub async fn channel(&self, community: &str, id: &str) -> Result<Option<ChannelView>, StoreError> {
         let mut tx = self.pool.read().await?;
-        super::channels::load(&mut tx, community, id).await
+        crate::channels::rules::load(&mut tx, community, id).await
     }
 
     /// Stores a kind 0 carrying a valid NIP-OA attestation, recording
@@ -226,7 +233,7 @@ impl Store {
         attestation: &Attestation,
     ) -> Result<InsertOutcome, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let outcome = super::agents::register(&mut tx, community, event, raw, attestation).await?;
+        let outcome = crate::channels::agents::register(&mut tx, community, event, raw, attestation).await?;
         if outcome == InsertOutcome::Stored {
             self.announce(&mut tx, community, &[raw]).await?;
             tx.commit().await?;
@@ -282,7 +289,7 @@ impl Store {
             event_id: *event_id,
             keep_until: expires_at,
         };
-        let call = super::calls::HttpAuth {
+        let call = crate::store::calls::HttpAuth {
             community: community.to_string(),
         };
         match self.calls.run_spending(auth, call).await {
@@ -314,7 +321,7 @@ impl Store {
     ) -> Result<Option<mpsc::Receiver<RemoteEvent>>, StoreError> {
         match &self.pool {
             Pool::Postgres { main: p, .. } => Ok(Some(
-                super::postgres::listen(p, self.origin.clone(), capacity).await?,
+                crate::persistence::postgres::listen(p, self.origin.clone(), capacity).await?,
             )),
             Pool::Sqlite { .. } => Ok(None),
         }
@@ -404,21 +411,21 @@ impl Store {
     /// Periodic housekeeping (PostgreSQL: partitions ahead of time).
     pub async fn maintain(&self, now: u64) -> Result<(), StoreError> {
         if let Pool::Postgres { main: p, .. } = &self.pool {
-            super::postgres::ensure_partitions(p, now, self.partition_months_ahead).await?;
+            crate::persistence::postgres::ensure_partitions(p, now, self.partition_months_ahead).await?;
         }
         Ok(())
     }
 
     /// A community's gauges for the metrics: deliveries and runs by
     /// status, and the oldest pending delivery's age (database clock).
-    pub async fn gauges(&self, community: &str) -> Result<super::Gauges, StoreError> {
+    pub async fn gauges(&self, community: &str) -> Result<crate::admin::overview::Gauges, StoreError> {
         let by_status = |table: &str| {
             Q::new(format!(
                 "SELECT status, COUNT(*) AS n FROM {table} WHERE community_id = $1 GROUP BY status"
             ))
             .bind(community)
         };
-        let pairs = |rows: Vec<super::db::Row>| -> Result<Vec<(String, i64)>, StoreError> {
+        let pairs = |rows: Vec<crate::persistence::db::Row>| -> Result<Vec<(String, i64)>, StoreError> {
             rows.iter()
                 .map(|r| Ok((r.text("status")?, r.int("n")?)))
                 .collect()
@@ -440,7 +447,7 @@ impl Store {
             Some(r) => r.opt_int("age")?.unwrap_or(0).max(0),
             None => 0,
         };
-        Ok(super::Gauges {
+        Ok(crate::admin::overview::Gauges {
             deliveries,
             oldest_pending_secs,
             runs,

@@ -8,12 +8,15 @@ use std::sync::Arc;
 use nostr::prelude::Event;
 use tokio::sync::{mpsc, oneshot};
 
-use super::db::{Pool, Tx, Q};
-use super::events::{author_lock_key, created_at_of, insert_tags, TagRow};
-use super::fair::Fair;
-use super::sql::{Bind, Dialect};
-use super::workflows::insert_event;
-use super::{expiration, indexed_tags, InsertOutcome, StoreError};
+use crate::persistence::db::{Pool, Tx, Q};
+use crate::events::rules::{author_lock_key, created_at_of, insert_tags, TagRow};
+use crate::store::fair::Fair;
+use crate::persistence::sql::{Bind, Dialect};
+use crate::workflow::definitions::insert_event;
+use crate::events::expiration;
+use crate::events::indexed_tags;
+use crate::events::InsertOutcome;
+use crate::persistence::StoreError;
 
 /// An event waiting for the batch writer.
 pub(crate) struct InsertRequest {
@@ -160,7 +163,7 @@ async fn write_isolated(
             .filter(|(_, a)| matches!(a, Ok(InsertOutcome::Stored)))
             .map(|(r, _)| (r.community.as_str(), &*r.raw))
             .collect();
-        if let Err(e) = super::postgres::notify(&mut tx, origin, &stored).await {
+        if let Err(e) = crate::persistence::postgres::notify(&mut tx, origin, &stored).await {
             return fail_all(e);
         }
     }
@@ -207,7 +210,7 @@ async fn write_batch(
             .filter(|(_, outcome)| **outcome == InsertOutcome::Stored)
             .map(|(r, _)| (r.community.as_str(), &*r.raw))
             .collect();
-        super::postgres::notify(&mut tx, origin, &stored).await?;
+        crate::persistence::postgres::notify(&mut tx, origin, &stored).await?;
     }
     tx.commit().await?;
     Ok(outcomes)
@@ -226,7 +229,7 @@ fn bulk_eligible(r: &InsertRequest) -> bool {
 }
 
 /// `<select> WHERE community_id = <community> AND <column> IN (<values>)`.
-fn community_in_list<B: Into<super::db::Bind>>(
+fn community_in_list<B: Into<crate::persistence::db::Bind>>(
     d: Dialect,
     select: &str,
     community: &str,

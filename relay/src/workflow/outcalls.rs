@@ -13,8 +13,8 @@
 use protocol::workflow::HttpMethod;
 use serde_json::Value;
 
-use super::db::{Tx, Q};
-use super::StoreError;
+use crate::persistence::db::{Tx, Q};
+use crate::persistence::StoreError;
 
 /// A call to send now (after the commit that recorded it).
 #[derive(Debug, Clone)]

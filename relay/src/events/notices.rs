@@ -5,9 +5,9 @@
 
 use nostr::prelude::{Event, EventBuilder, Keys, Kind, Tag, Timestamp};
 
-use super::db::Tx;
-use super::events;
-use super::StoreError;
+use crate::persistence::db::Tx;
+use crate::events::rules as events;
+use crate::persistence::StoreError;
 
 /// Signs and stores a notice `text` in `channel`, with `tags` after its
 /// `h` tag. Returns the event and its JSON, to announce after commit.

@@ -8,11 +8,15 @@ use nostr::prelude::{Event, Keys, PublicKey, Tag};
 use protocol::api::DeliveryStatus;
 use protocol::nip86::List;
 
-use super::db::{Tx, Q};
-use super::deliveries::{self, Delivery};
-use super::machine::Event as On;
-use super::refusal::{Answer, Refusal};
-use super::{notices, runs, workflows, StoreError};
+use crate::persistence::db::{Tx, Q};
+use crate::delivery::deliveries;
+use crate::delivery::deliveries::{Delivery};
+use crate::delivery::machine::Event as On;
+use crate::refusal::{Answer, Refusal};
+use crate::events::notices;
+use crate::workflow::runs;
+use crate::workflow::definitions as workflows;
+use crate::persistence::StoreError;
 use crate::admission::Bans;
 use crate::config::DeliveryConfig;
 
@@ -267,7 +271,7 @@ pub async fn act_on_delivery(
         runs::reopen_at(tx, community, &d.run_id, &d.step_id).await?
     } else {
         if d.awaited {
-            runs::poke(tx, community, &d.run_id, &d.id).await?;
+            crate::delivery::deliveries::poke(tx, community, &d.run_id, &d.id).await?;
         }
         false
     };

@@ -6,11 +6,16 @@
 
 use nostr::prelude::{Event, PublicKey};
 
-use super::db::{Tx, Q};
-use super::sql::{value_hash, Dialect};
-use super::{
-    address_key, deletion_targets, expiration, indexed_tags, replacement_key, InsertOutcome, StoreError,
-};
+use crate::persistence::db::{Tx, Q};
+use crate::persistence::sql::{Dialect};
+use crate::events::query::{value_hash};
+use crate::events::address_key;
+use crate::events::deletion_targets;
+use crate::events::expiration;
+use crate::events::indexed_tags;
+use crate::events::replacement_key;
+use crate::events::InsertOutcome;
+use crate::persistence::StoreError;
 
 /// What storing an event came to.
 #[must_use = "a stored deletion's targets need the caller's reactions"]

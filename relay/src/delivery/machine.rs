@@ -21,7 +21,7 @@
 
 use protocol::api::{DeliveryStatus as Status, Outcome};
 
-use super::refusal::Refusal;
+use crate::refusal::Refusal;
 
 /// What the machine needs of a row.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -11,8 +11,8 @@
 use nostr::prelude::{Event, PublicKey};
 use protocol::approval::{self, Decision};
 
-use super::db::{Tx, Q};
-use super::StoreError;
+use crate::persistence::db::{Tx, Q};
+use crate::persistence::StoreError;
 
 /// A decided request, as the engine reads it.
 #[derive(Debug, Clone)]
@@ -53,7 +53,7 @@ pub async fn record_request(
         .bind(step_id)
         .bind(channel)
         .bind(list)
-        .bind(super::events::created_at_of(request))
+        .bind(crate::events::rules::created_at_of(request))
         .bind(deadline),
     )
     .await?;
@@ -75,7 +75,7 @@ pub async fn on_reaction(
     let Some(decision) = Decision::of_reaction(&reaction.content) else {
         return Ok(None);
     };
-    let Some(request) = approval::reacted_to(reaction).and_then(super::events::id_of_hex) else {
+    let Some(request) = approval::reacted_to(reaction).and_then(crate::events::rules::id_of_hex) else {
         return Ok(None);
     };
     let now = tx.now().await?;
@@ -110,7 +110,7 @@ pub async fn on_reaction(
             .bind(decision.as_str())
             .bind(reaction.pubkey.to_bytes())
             .bind(reaction.id.to_bytes())
-            .bind(super::events::created_at_of(reaction)),
+            .bind(crate::events::rules::created_at_of(reaction)),
         )
         .await?;
     if decided == 1 {
@@ -165,7 +165,7 @@ pub async fn decided(
         Ok(r.opt_blob(col)?.map(hex::encode).unwrap_or_default())
     };
     Ok(Some(Decided {
-        decision: super::db::named(&r.text("decision")?, Decision::parse)?,
+        decision: crate::persistence::db::named(&r.text("decision")?, Decision::parse)?,
         by: hex_of("decided_by")?,
         event_id: hex_of("decision_event_id")?,
         request_event_id: hex_of("request_event_id")?,

@@ -1,7 +1,22 @@
 //! Communities (tenants) and the hosts that name them.
 
-use super::db::{Pool, Q};
-use super::{CommunityRecord, StoreError};
+use crate::persistence::db::{Pool, Q};
+use crate::persistence::StoreError;
+
+/// A community as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommunityRecord {
+    /// Operator-chosen id (`[a-z0-9_-]{1,64}`).
+    pub id: String,
+    /// Public relay URL (`ws://` or `wss://`).
+    pub relay_url: String,
+    /// Hex secret key the relay signs this community's events with, or
+    /// `file:<public key hex>` when the key is kept in a key file
+    /// (`crate::keys`).
+    pub secret_key_hex: String,
+    /// Normalised hosts bound to the community.
+    pub hosts: Vec<String>,
+}
 
 /// The community a `Host` header names: the host as given, or without its
 /// port; the longer match wins.

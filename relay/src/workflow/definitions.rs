@@ -7,25 +7,27 @@ use protocol::api::CauseKind;
 use protocol::workflow::{self, Cause, Definition, Trigger, Validated};
 use serde_json::{json, Value};
 
-use super::db::{Row, Tx, Q};
-use super::events::{self, Deleted};
-use super::refusal::{unless_refused, Answer, Refusal};
-use super::{InsertOutcome, StoreError};
+use crate::persistence::db::{Row, Tx, Q};
+use crate::events::rules as events;
+use crate::events::rules::{Deleted};
+use crate::refusal::{unless_refused, Answer, Refusal};
+use crate::events::InsertOutcome;
+use crate::persistence::StoreError;
 
 /// A new random id (128 bits, hex).
 pub fn new_id() -> String {
     hex::encode(rand::random::<[u8; 16]>())
 }
 
-pub(super) struct WorkflowRow {
-    pub(super) id: String,
-    pub(super) channel: String,
-    pub(super) owner: [u8; 32],
-    pub(super) definition_event_id: [u8; 32],
-    pub(super) enabled: bool,
-    pub(super) deleted: bool,
+pub(crate) struct WorkflowRow {
+    pub(crate) id: String,
+    pub(crate) channel: String,
+    pub(crate) owner: [u8; 32],
+    pub(crate) definition_event_id: [u8; 32],
+    pub(crate) enabled: bool,
+    pub(crate) deleted: bool,
     /// `pauseworkflow`: no new runs; open work held (`resumeworkflow`).
-    pub(super) paused: bool,
+    pub(crate) paused: bool,
 }
 
 fn workflow_row(r: &Row) -> Result<WorkflowRow, StoreError> {
@@ -42,7 +44,7 @@ fn workflow_row(r: &Row) -> Result<WorkflowRow, StoreError> {
 
 const WORKFLOW_COLS: &str = "id, channel, owner, definition_event_id, enabled, deleted, paused";
 
-pub(super) async fn load_workflow(
+pub(crate) async fn load_workflow(
     tx: &mut Tx<'_>,
     community: &str,
     id: &str,
@@ -56,7 +58,7 @@ pub(super) async fn load_workflow(
 }
 
 /// Loads the definition a revision id names (superseded revisions included).
-pub(super) async fn load_definition(
+pub(crate) async fn load_definition(
     tx: &mut Tx<'_>,
     community: &str,
     event_id: &[u8; 32],
@@ -246,7 +248,7 @@ async fn on_definition_deleted(
 /// their own (migration 0005 on PostgreSQL, 0007 on SQLite, says why).
 /// These are the states the machine cancels (`machine::Event::Cancel`;
 /// the test below holds the two together).
-pub(super) const ACTIVE_ROWS: &str = "(status = 'pending' OR status = 'claimed')";
+pub(crate) const ACTIVE_ROWS: &str = "(status = 'pending' OR status = 'claimed')";
 
 /// Cancels a workflow's running runs and open deliveries.
 pub async fn cancel_workflow(tx: &mut Tx<'_>, community: &str, workflow_id: &str) -> Result<(), StoreError> {
@@ -324,7 +326,7 @@ pub async fn pause_for_departed(
             Tag::custom("workflow-paused", [id.as_str(), Refusal::OwnerNotMember.code()]),
             Tag::custom("workflow-owner", [departed.to_hex()]),
         ];
-        notices.push(super::notices::post(tx, community, keys, channel, text, tags, now).await?);
+        notices.push(crate::events::notices::post(tx, community, keys, channel, text, tags, now).await?);
     }
     Ok(notices)
 }
@@ -779,7 +781,7 @@ pub async fn trigger_of(
 mod tests {
     use protocol::api::DeliveryStatus;
 
-    use super::super::machine::{transition, Event, State, Transition};
+    use crate::delivery::machine::{transition, Event, State, Transition};
     use super::ACTIVE_ROWS;
 
     #[test]

@@ -12,14 +12,17 @@ use protocol::api::{
 use serde_json::Value;
 use std::sync::LazyLock;
 
-use super::db::{named, Dialect, Row, Tx, Q};
-use super::events::{self, author_lock_key};
-use super::machine::{self, Claimable, Event as On, Failure, Transition, CLAIM_RULE};
-use super::{InsertOutcome, StoreError};
+use crate::persistence::db::{named, Dialect, Row, Tx, Q};
+use crate::events::rules as events;
+use crate::events::rules::{author_lock_key};
+use crate::delivery::machine;
+use crate::delivery::machine::{Claimable, Event as On, Failure, Transition, CLAIM_RULE};
+use crate::events::InsertOutcome;
+use crate::persistence::StoreError;
 use crate::config::DeliveryConfig;
 use crate::faults;
 
-pub use super::refusal::{Answer, Refusal};
+pub use crate::refusal::{Answer, Refusal};
 pub use protocol::api::{ClaimRequest, Expected, FinishRequest};
 
 const COLS: &str = "id, workflow_id, run_id, step_id, target_pubkey, channel, definition_event_id, \
@@ -165,7 +168,7 @@ impl Delivery {
     }
 }
 
-pub(super) async fn load(tx: &mut Tx<'_>, community: &str, id: &str) -> Result<Option<Delivery>, StoreError> {
+pub(crate) async fn load(tx: &mut Tx<'_>, community: &str, id: &str) -> Result<Option<Delivery>, StoreError> {
     Ok(load_with_membership(tx, community, id).await?.map(|(d, _)| d))
 }
 
@@ -587,7 +590,7 @@ async fn notice(
         Tag::custom("e", [hex::encode(d.message_event_id)]),
         Tag::custom("workflow-run", [d.run_id.as_str()]),
     ];
-    super::notices::post(tx, community, keys, &d.channel, text, tags, now).await
+    crate::events::notices::post(tx, community, keys, &d.channel, text, tags, now).await
 }
 
 /// Moves a row to a terminal failure (with its notice).
@@ -775,13 +778,37 @@ async fn apply(
     let ended = status.is_terminal() && status != d.status;
     let poked = d.awaited && ended;
     if poked {
-        super::runs::poke(tx, community, &d.run_id, &d.id).await?;
+        poke(tx, community, &d.run_id, &d.id).await?;
     }
     Ok(Applied {
         status,
         notice,
         poked,
     })
+}
+
+/// One of a waiting run's current-step deliveries ended (called in the
+/// transaction that ends it): the run's wake row, taken by the engine
+/// (`workflow::runs`) when it looks at the run. One wake
+/// row per delivery (a delivery ends once), so two finishes never write
+/// the same row.
+pub async fn poke(
+    tx: &mut Tx<'_>,
+    community: &str,
+    run_id: &str,
+    delivery_id: &str,
+) -> Result<(), StoreError> {
+    tx.exec(
+        Q::new(
+            "INSERT INTO workflow_run_wakes (community_id, run_id, delivery_id) VALUES ($1, $2, $3) \
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(community)
+        .bind(run_id)
+        .bind(delivery_id),
+    )
+    .await?;
+    Ok(())
 }
 
 /// What [`apply`] did: the row's new status, its notice, and whether it
@@ -1067,7 +1094,7 @@ pub async fn list(
 /// ([`On::OperatorCancel`]) or `retrydelivery` ([`On::Redrive`]), as the
 /// machine decides; `why` is the cancelled row's failure message. Returns
 /// the row's new status.
-pub(super) async fn operate(
+pub(crate) async fn operate(
     tx: &mut Tx<'_>,
     community: &str,
     d: &Delivery,
@@ -1177,8 +1204,9 @@ mod claim_rule {
     //! The claim rule said once: every status and every way a row can be
     //! due or not, through the machine and through both claim statements
     //! on a real SQLite file.
-    use super::super::db::{Tx, Q};
-    use super::super::{sqlite, OpenMode};
+    use crate::persistence::db::{Tx, Q};
+    use crate::persistence::sqlite;
+    use crate::persistence::OpenMode;
     use super::{claim_as_expected, claim_oldest, machine, Grant, On, Status, Transition};
     use nostr::prelude::{Keys, PublicKey};
     use protocol::api::Expected;
@@ -1257,7 +1285,7 @@ mod claim_rule {
         .bind(vec![1u8; 32])
         .bind(vec![2u8; 32])
         .bind(c.status.as_str())
-        .bind(super::super::sql::Bind::OptText((c.status == Status::Claimed).then(|| "held".to_string())))
+        .bind(crate::persistence::sql::Bind::OptText((c.status == Status::Claimed).then(|| "held".to_string())))
         .bind((c.status == Status::Claimed).then_some(NOW + 5))
         .bind(c.next_attempt_at)
         .bind(c.expires_at);
@@ -1324,7 +1352,7 @@ mod claim_rule {
 
 #[cfg(test)]
 mod tests {
-    use super::super::db::{Row, Val};
+    use crate::persistence::db::{Row, Val};
     use super::{delivery, Status, COLS};
 
     /// A stored row's values, by column.

@@ -9,10 +9,11 @@ use std::collections::BTreeMap;
 
 use nostr::prelude::{Event, EventBuilder, Keys, Kind, PublicKey, Tag, Timestamp};
 
-use super::db::{Tx, Q};
-use super::events;
-use super::workflows::Upsert;
-use super::{InsertOutcome, StoreError};
+use crate::persistence::db::{Tx, Q};
+use crate::events::rules as events;
+use crate::workflow::definitions::Upsert;
+use crate::events::InsertOutcome;
+use crate::persistence::StoreError;
 use crate::config::ChannelPolicy;
 
 pub use protocol::nip29::{
@@ -306,7 +307,7 @@ pub async fn apply(
     if let Some(msg) = check_previous(tx, community, &channel, event).await? {
         return rejected(msg);
     }
-    let outcome = super::workflows::insert_event(tx, community, event, raw, Some(&channel)).await?;
+    let outcome = crate::workflow::definitions::insert_event(tx, community, event, raw, Some(&channel)).await?;
     if outcome != InsertOutcome::Stored {
         return Ok((outcome, Vec::new()));
     }
@@ -333,7 +334,7 @@ pub async fn apply(
         published.extend(republish(tx, community, keys, &channel, now, which).await?);
     }
     for pk in &changed.departed {
-        published.extend(super::workflows::pause_for_departed(tx, community, keys, &channel, pk, now).await?);
+        published.extend(crate::workflow::definitions::pause_for_departed(tx, community, keys, &channel, pk, now).await?);
     }
     Ok((InsertOutcome::Stored, published))
 }
@@ -354,19 +355,19 @@ async fn workflow_effects(
             Ok(v) => v,
             Err(e) => return Ok(Some(format!("invalid: {e}"))),
         };
-        if let Upsert::Refused(msg) = super::workflows::upsert_definition(tx, community, event, &v).await? {
+        if let Upsert::Refused(msg) = crate::workflow::definitions::upsert_definition(tx, community, event, &v).await? {
             return Ok(Some(msg));
         }
     }
     if kind == protocol::workflow::MESSAGE_KIND {
-        super::workflows::on_message(tx, community, &keys.public_key(), event, channel).await?;
+        crate::workflow::definitions::on_message(tx, community, &keys.public_key(), event, channel).await?;
     }
     if kind == protocol::approval::REACTION_KIND {
-        if let Some(run) = super::approvals::on_reaction(tx, community, event, channel).await? {
+        if let Some(run) = crate::workflow::approvals::on_reaction(tx, community, event, channel).await? {
             let wake = format!("approval:{}", event.id.to_hex());
-            super::runs::poke(tx, community, &run, &wake).await?;
+            crate::delivery::deliveries::poke(tx, community, &run, &wake).await?;
         }
-        super::workflows::on_reaction(tx, community, &keys.public_key(), event, channel).await?;
+        crate::workflow::definitions::on_reaction(tx, community, &keys.public_key(), event, channel).await?;
     }
     Ok(None)
 }
@@ -471,7 +472,7 @@ async fn change_state(
                     .bind(channel),
             )
             .await?;
-            super::workflows::cancel_channel(tx, community, channel).await?;
+            crate::workflow::definitions::cancel_channel(tx, community, channel).await?;
             Changed::default()
         }
         _ => Changed::default(),

@@ -20,10 +20,10 @@ use rusqlite::Connection;
 use std::path::Path;
 use tokio::sync::oneshot;
 
-use super::lite;
-use super::row::Row;
-use super::sql::Q;
-use super::StoreError;
+use crate::persistence::lite;
+use crate::persistence::row::Row;
+use crate::persistence::sql::{Q};
+use crate::persistence::StoreError;
 use crate::config::SqliteConfig;
 
 /// Pages waiting for a reader thread, at most: past it a REQ waits to

@@ -3,9 +3,10 @@
 use nostr::prelude::Event;
 use protocol::nip_oa::Attestation;
 
-use super::db::{Tx, Q};
-use super::events;
-use super::{InsertOutcome, StoreError};
+use crate::persistence::db::{Tx, Q};
+use crate::events::rules as events;
+use crate::events::InsertOutcome;
+use crate::persistence::StoreError;
 
 /// Records the owner (first valid attestation wins, immutable) and stores
 /// the kind 0, in `tx`.

@@ -11,9 +11,9 @@ use sqlx::postgres::{PgArguments, PgPool, PgRow};
 use sqlx::sqlite::{SqliteArguments, SqlitePool, SqliteRow};
 use sqlx::{Arguments, Database, Decode, Encode, Postgres, Sqlite, Transaction, Type, ValueRef};
 
-pub use super::row::{named, Col, Names, Row, Val};
-pub use super::sql::{Bind, Dialect, Q};
-use super::StoreError;
+pub use crate::persistence::row::{named, Col, Names, Row, Val};
+pub use crate::persistence::sql::{Bind, Dialect, Q};
+use crate::persistence::StoreError;
 
 /// A connection pool of either backend.
 #[derive(Clone, Debug)]
@@ -23,19 +23,19 @@ pub enum Pool {
     /// sleeps in SQLite's busy handler waiting for another, and its page
     /// cache stays valid from one transaction to the next (a connection's
     /// cache is dropped whenever another connection wrote).
-    /// `writer` runs its statements on the caller's thread (`store::lite`),
+    /// `writer` runs its statements on the caller's thread (`persistence::lite`),
     /// and `readers` serve REQ, COUNT and NIP-77 reads a whole page at a
-    /// time, and every other one-statement read (`store::readers`), neither
+    /// time, and every other one-statement read (`persistence::readers`), neither
     /// through sqlx's worker threads; `read` is sqlx's pool for read
     /// transactions of several statements and the background checkpoint.
     Sqlite {
         read: SqlitePool,
-        writer: super::lite::Writer,
-        readers: Arc<super::readers::Readers>,
+        writer: crate::persistence::lite::Writer,
+        readers: Arc<crate::persistence::readers::Readers>,
     },
     /// PostgreSQL: `main` for everything but REQ and COUNT, which run on
     /// `queries` (`postgres.query_pool_size` connections with cached plans:
-    /// `store::postgres::open`), so that a flood of reads never holds the
+    /// `persistence::postgres::open`), so that a flood of reads never holds the
     /// connections that writes, claims and finishes need.
     Postgres { main: PgPool, queries: PgPool },
 }
@@ -55,7 +55,7 @@ pub enum Tx<'c> {
     /// A read-only transaction on sqlx's readers.
     Sqlite(Transaction<'c, Sqlite>),
     /// A write transaction on the writer connection.
-    SqliteWrite(super::lite::WriteTx<'c>),
+    SqliteWrite(crate::persistence::lite::WriteTx<'c>),
     Postgres(Transaction<'c, Postgres>, PgKnown),
 }
 
@@ -73,7 +73,7 @@ pub struct PgKnown {
 /// the one SQLite writer connection while calls keep coming, instead of
 /// handing it back and waiting for it before every batch).
 pub enum Conn {
-    Sqlite(super::lite::Held),
+    Sqlite(crate::persistence::lite::Held),
     Postgres(sqlx::pool::PoolConnection<Postgres>),
 }
 

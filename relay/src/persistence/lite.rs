@@ -24,16 +24,16 @@ use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OpenFlags, Statement};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
-use super::row::{Names, Row, Val};
-use super::sql::{Bind, Q};
-use super::StoreError;
+use crate::persistence::row::{Names, Row, Val};
+use crate::persistence::sql::{Bind, Q};
+use crate::persistence::StoreError;
 use crate::config::SqliteConfig;
 
 /// Prepared statements the writer keeps (every statement the store writes
 /// with; their texts vary with the number of rows of a multi-row insert).
 const WRITER_STATEMENTS: usize = 512;
 
-pub(super) fn error(e: rusqlite::Error) -> StoreError {
+pub(crate) fn error(e: rusqlite::Error) -> StoreError {
     StoreError::Sqlite(e.to_string())
 }
 
@@ -42,7 +42,7 @@ pub(super) fn error(e: rusqlite::Error) -> StoreError {
 /// wherever and however often it appears (SQLite numbers named parameters
 /// by first appearance, not by their name); a bare `?` takes the value
 /// after the one the previous bare `?` took.
-pub(super) fn bind_all(stmt: &mut Statement<'_>, binds: &[Bind]) -> Result<(), StoreError> {
+pub(crate) fn bind_all(stmt: &mut Statement<'_>, binds: &[Bind]) -> Result<(), StoreError> {
     let mut bare = 0usize;
     for at in 1..=stmt.parameter_count() {
         let n = match stmt.parameter_name(at) {
@@ -78,7 +78,7 @@ pub(super) fn bind_all(stmt: &mut Statement<'_>, binds: &[Bind]) -> Result<(), S
 }
 
 /// The column names of `stmt`'s result set.
-pub(super) fn names_of(stmt: &Statement<'_>) -> Names {
+pub(crate) fn names_of(stmt: &Statement<'_>) -> Names {
     stmt.column_names()
         .into_iter()
         .map(Box::from)
@@ -87,7 +87,7 @@ pub(super) fn names_of(stmt: &Statement<'_>) -> Names {
 
 /// `r` as a neutral row. SQLite's own types: booleans are integers (the
 /// row's readers take either).
-pub(super) fn neutral(r: &rusqlite::Row<'_>, names: &Names) -> Result<Row, StoreError> {
+pub(crate) fn neutral(r: &rusqlite::Row<'_>, names: &Names) -> Result<Row, StoreError> {
     let mut vals = Vec::with_capacity(names.len());
     for i in 0..names.len() {
         vals.push(match r.get_ref(i).map_err(error)? {
@@ -110,7 +110,7 @@ pub(super) fn neutral(r: &rusqlite::Row<'_>, names: &Names) -> Result<Row, Store
 /// whether the statement had no more rows. One row past the page is read
 /// to tell. A statement that writes runs to its end either way: SQLite
 /// completes a `RETURNING` statement's changes at its first step.
-pub(super) fn page(
+pub(crate) fn page(
     conn: &Connection,
     q: &Q,
     rows: usize,
@@ -149,7 +149,7 @@ fn execute(conn: &Connection, q: &Q) -> Result<u64, StoreError> {
 /// What a connection may do: the writer's, or a reader's (opened
 /// read-only, so a write sent to it fails instead of bypassing the writer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Access {
+pub(crate) enum Access {
     Write,
     Read,
 }
@@ -159,7 +159,7 @@ pub(super) enum Access {
 /// the store's settings: the busy timeout, the memory map and page cache,
 /// `synchronous`, foreign keys, the checkpoint backstop, and room for
 /// `statements` prepared statements.
-pub(super) fn connect(
+pub(crate) fn connect(
     path: &Path,
     cfg: &SqliteConfig,
     access: Access,

@@ -15,8 +15,10 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::Connection;
 use tokio::sync::mpsc;
 
-use super::db::{Tx, Q};
-use super::{OpenMode, RemoteEvent, StoreError};
+use crate::persistence::db::{Tx, Q};
+use crate::persistence::OpenMode;
+use crate::persistence::RemoteEvent;
+use crate::persistence::StoreError;
 use crate::config::PostgresConfig;
 
 /// Prepared statements kept per connection (see [`open`]).

@@ -6,8 +6,20 @@
 use protocol::api::{DeliveryStatus, RunStatus};
 use protocol::dashboard::{AgentView, ChannelSummary, Minute, WorkflowDetail, WorkflowSummary};
 
-use super::db::{Tx, Q};
-use super::{workflows, StoreError};
+use crate::persistence::db::{Tx, Q};
+use crate::workflow::definitions as workflows;
+use crate::persistence::StoreError;
+
+/// What the metrics read from the database, per community.
+#[derive(Debug, Default, Clone)]
+pub struct Gauges {
+    /// (status, rows), only statuses that have rows.
+    pub deliveries: Vec<(String, i64)>,
+    /// Seconds since the oldest pending delivery was created (0: none).
+    pub oldest_pending_secs: i64,
+    /// (status, runs), only statuses that have runs.
+    pub runs: Vec<(String, i64)>,
+}
 
 /// Most rows a dashboard list answers.
 pub const MAX_ROWS: i64 = 500;
@@ -40,7 +52,7 @@ fn bound(q: Q, community: &str, owner: Option<&[u8; 32]>) -> Q {
 }
 
 /// Counts by name, every name of `all` present (zero included).
-fn by_name(rows: Vec<super::db::Row>, all: &[&str]) -> Result<Vec<(String, u64)>, StoreError> {
+fn by_name(rows: Vec<crate::persistence::db::Row>, all: &[&str]) -> Result<Vec<(String, u64)>, StoreError> {
     let mut counts: Vec<(String, u64)> = all.iter().map(|s| (s.to_string(), 0)).collect();
     for r in rows {
         let (name, n) = (r.text(0)?, u64::try_from(r.int(1)?).unwrap_or(0));
@@ -130,7 +142,7 @@ const SUMMARY: &str = "SELECT w.id, w.channel, w.owner, w.trigger, w.enabled, w.
 async fn summary(
     tx: &mut Tx<'_>,
     community: &str,
-    r: &super::db::Row,
+    r: &crate::persistence::db::Row,
 ) -> Result<(WorkflowSummary, [u8; 32]), StoreError> {
     let definition = r.id32("definition_event_id")?;
     let name = workflows::load_definition(tx, community, &definition)

@@ -30,13 +30,16 @@ use protocol::workflow::{self, Action, Cause, Definition, MessageBinding, OnFail
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::approvals;
-use super::db::{named, Pool, Row, Tx, Q};
-use super::events::{self, created_at_of};
-use super::outcalls::{self, CallAnswer, CallResult, OutCall};
-use super::refusal::{Answer, Refusal};
-use super::workflows::{load_definition, load_workflow, new_id, ACTIVE_ROWS};
-use super::{InsertOutcome, StoreError};
+use crate::workflow::approvals;
+use crate::persistence::db::{named, Pool, Row, Tx, Q};
+use crate::events::rules as events;
+use crate::events::rules::{created_at_of};
+use crate::workflow::outcalls;
+use crate::workflow::outcalls::{CallAnswer, CallResult, OutCall};
+use crate::refusal::{Answer, Refusal};
+use crate::workflow::definitions::{load_definition, load_workflow, new_id, ACTIVE_ROWS};
+use crate::events::InsertOutcome;
+use crate::persistence::StoreError;
 use crate::admission;
 use crate::config::{DeliveryConfig, Limits};
 use crate::faults;
@@ -209,29 +212,6 @@ async fn end_run(
         .bind(message)
         .bind(code)
         .bind(now),
-    )
-    .await?;
-    Ok(())
-}
-
-/// One of a waiting run's current-step deliveries ended (called in the
-/// transaction that ends it): the engine looks at the run now. One wake
-/// row per delivery (a delivery ends once), so two finishes never write
-/// the same row.
-pub async fn poke(
-    tx: &mut Tx<'_>,
-    community: &str,
-    run_id: &str,
-    delivery_id: &str,
-) -> Result<(), StoreError> {
-    tx.exec(
-        Q::new(
-            "INSERT INTO workflow_run_wakes (community_id, run_id, delivery_id) VALUES ($1, $2, $3) \
-             ON CONFLICT DO NOTHING",
-        )
-        .bind(community)
-        .bind(run_id)
-        .bind(delivery_id),
     )
     .await?;
     Ok(())

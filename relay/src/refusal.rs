@@ -4,7 +4,7 @@
 
 use protocol::api::DeliveryStatus;
 
-use super::StoreError;
+use crate::persistence::StoreError;
 
 /// A refused call: nothing it asked for happened.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -29,9 +29,10 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-use super::lite::Writer;
-use super::readers::Readers;
-use super::{OpenMode, StoreError};
+use crate::persistence::lite::Writer;
+use crate::persistence::readers::Readers;
+use crate::persistence::OpenMode;
+use crate::persistence::StoreError;
 use crate::config::SqliteConfig;
 
 /// The connections of an open SQLite database.

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::StoreError;
+use crate::persistence::StoreError;
 
 /// A neutral column value.
 #[derive(Debug, Clone, PartialEq)]
@@ -66,13 +66,13 @@ impl Row {
     }
 
     /// A row of `vals` under its result set's `names`.
-    pub(super) fn of(names: Names, vals: Vec<Val>) -> Self {
+    pub(crate) fn of(names: Names, vals: Vec<Val>) -> Self {
         debug_assert_eq!(names.len(), vals.len(), "a value for each column");
         Row { names, vals }
     }
 
     /// The first value's length in bytes when it is text (a page's size).
-    pub(super) fn first_text_len(&self) -> usize {
+    pub(crate) fn first_text_len(&self) -> usize {
         match self.vals.first() {
             Some(Val::Text(t)) => t.len(),
             _ => 0,
