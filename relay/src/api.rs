@@ -20,8 +20,8 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use crate::http::{error, limited, not_answered, unavailable, Authed, AuthedCall, Tenant};
-use crate::state::AppState;
 use crate::refusal::Answer;
+use crate::state::AppState;
 
 /// The API routes.
 pub fn routes() -> Router<Arc<AppState>> {
@@ -223,7 +223,7 @@ async fn list_deliveries(
         .unwrap_or(state.cfg.deliveries.max_page)
         .clamp(1, state.cfg.deliveries.max_page);
     let community = &auth.tenant.community.id;
-    let filter = crate::delivery::deliveries::ListFilter {
+    let filter = crate::delivery::rows::ListFilter {
         target: Some(auth.pubkey),
         status,
         before: q.before,

@@ -18,7 +18,7 @@ use nostr::prelude::{Event, EventBuilder, Keys, Kind, Timestamp};
 use crate::clock::unix_now;
 use crate::state::AppState;
 use crate::workflow::outcalls::{CallAnswer, OutCall};
-use crate::workflow::runs::{Env, NewDelivery};
+use crate::workflow::step::{Env, NewDelivery};
 
 /// How long the engine's list of communities is used before it is read
 /// again. Communities are added from the CLI while the relay runs; a pass
@@ -94,7 +94,7 @@ pub async fn wake_delivery(
     state: &AppState,
     community: &str,
     keys: &Keys,
-    d: &crate::delivery::deliveries::Delivery,
+    d: &crate::delivery::rows::Delivery,
 ) {
     let Ok(target) = nostr::prelude::PublicKey::from_slice(&d.target) else {
         return;

@@ -11,9 +11,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use crate::community::Community;
+use crate::refusal::{CallError, Refusal};
 use crate::state::AppState;
 use crate::store::api::HttpAuthUse;
-use crate::refusal::{CallError, Refusal};
 use crate::store::StoreError;
 
 /// A JSON error answer: `{"error": code, "message": text}`.

@@ -6,15 +6,15 @@ pub mod admin;
 pub mod admission;
 pub mod api;
 pub mod budget;
-pub mod clock;
 pub mod channels;
+pub mod clock;
 pub mod community;
 pub mod engine;
 pub mod events;
 
 pub mod config;
-pub mod delivery;
 pub mod dedicated;
+pub mod delivery;
 pub mod faults;
 
 pub mod http;

@@ -267,7 +267,7 @@ async fn deliveries(cfg: Config, community: &str, command: DeliveriesCommand) ->
                 let target = target
                     .map(|t| nostr::prelude::PublicKey::from_hex(&t))
                     .transpose()?;
-                let filter = relay::delivery::deliveries::ListFilter {
+                let filter = relay::delivery::rows::ListFilter {
                     target,
                     status,
                     ..Default::default()

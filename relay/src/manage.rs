@@ -13,10 +13,10 @@ use axum::Json;
 use protocol::nip86::{self, Call, DeliveryQuery, List, Method};
 use serde_json::{json, Value};
 
-use crate::http::{limited, status_of, Authed};
-use crate::state::AppState;
 use crate::admin::manage::{Actor, InfoField, Notice};
+use crate::http::{limited, status_of, Authed};
 use crate::refusal::CallError;
+use crate::state::AppState;
 
 /// An answer: the HTTP status and the body.
 type Answered = Result<Value, (StatusCode, String)>;
@@ -211,7 +211,7 @@ async fn list_deliveries(state: &AppState, community: &str, actor: Actor<'_>, q:
         .map(nostr::prelude::PublicKey::from_hex)
         .transpose()
         .map_err(|e| (StatusCode::BAD_REQUEST, format!("invalid: target: {e}")))?;
-    let filter = crate::delivery::deliveries::ListFilter {
+    let filter = crate::delivery::rows::ListFilter {
         status: q.status,
         workflow: q.workflow,
         run: q.run,

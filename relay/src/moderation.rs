@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use nostr::prelude::{Event, PublicKey};
 
-use crate::community::Community;
 use crate::admin::manage::Moderation;
+use crate::community::Community;
 use crate::store::Store;
 
 /// The longest a process uses a community's moderation without reading it again.

@@ -21,9 +21,9 @@ use std::time::Duration;
 use nostr::prelude::Filter;
 use serde_json::json;
 
+use crate::events::query::{search_of, After, Position};
 use crate::outbound::{Outbound, Overflow};
 use crate::state::AppState;
-use crate::events::query::{search_of, After, Position};
 use crate::store::{Page, ReadScope, StoreError, StoredEvent};
 
 /// How long stored results may wait for a slow reader before it is dropped.

@@ -10,10 +10,10 @@ use std::sync::Mutex;
 
 use nostr::prelude::Event;
 
+use crate::channels::rules::{self as channels, ChannelView};
 use crate::community::{Communities, Community};
 use crate::config::Config;
 use crate::hub::Hub;
-use crate::channels::rules::{self as channels, ChannelView};
 use crate::store::Store;
 
 /// Wakes the workflow engine early (a run may have started); the engine

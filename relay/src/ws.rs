@@ -21,7 +21,9 @@ use serde_json::json;
 use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::RecvError;
 
+use crate::admin::manage::Moderation;
 use crate::admission;
+use crate::channels::rules as channels;
 use crate::clock::unix_now;
 use crate::community::Community;
 use crate::hub::Published;
@@ -29,8 +31,6 @@ use crate::outbound::{self, Outbound, Overflow};
 use crate::ratelimit::TokenBucket;
 use crate::req::{Stopped, STORED_RESULTS_DEADLINE};
 use crate::state::AppState;
-use crate::channels::rules as channels;
-use crate::admin::manage::Moderation;
 use crate::store::{InsertOutcome, ReadScope};
 use crate::verify;
 use protocol::nip_oa;

@@ -8,17 +8,16 @@ use nostr::prelude::{Event, Keys, PublicKey, Tag};
 use protocol::api::DeliveryStatus;
 use protocol::nip86::List;
 
-use crate::persistence::db::{Tx, Q};
-use crate::delivery::deliveries;
-use crate::delivery::deliveries::{Delivery};
-use crate::delivery::machine::Event as On;
-use crate::refusal::{Answer, Refusal};
-use crate::events::notices;
-use crate::workflow::runs;
-use crate::workflow::definitions as workflows;
-use crate::persistence::StoreError;
 use crate::admission::Bans;
 use crate::config::DeliveryConfig;
+use crate::delivery::deliveries;
+use crate::delivery::machine::Event as On;
+use crate::delivery::rows::Delivery;
+use crate::events::notices;
+use crate::persistence::db::{Tx, Q};
+use crate::persistence::StoreError;
+use crate::refusal::{Answer, Refusal};
+use crate::workflow::definitions as workflows;
 
 /// Most entries a community's list holds (what each relay process keeps
 /// in memory is bounded by it).
@@ -248,7 +247,7 @@ pub async fn act_on_delivery(
     retry: bool,
     cfg: &DeliveryConfig,
 ) -> Answer<DeliveryActed> {
-    let d = deliveries::load(tx, community, id)
+    let d = crate::delivery::rows::load(tx, community, id)
         .await?
         .ok_or(Refusal::NoDelivery)?;
     if !actor.admin {
@@ -268,7 +267,7 @@ pub async fn act_on_delivery(
     let why = format!("cancelled by {by}");
     let status = deliveries::operate(tx, community, &d, event, now, &why).await?;
     let run_reopened = if retry {
-        runs::reopen_at(tx, community, &d.run_id, &d.step_id).await?
+        crate::workflow::views::reopen_at(tx, community, &d.run_id, &d.step_id).await?
     } else {
         if d.awaited {
             crate::delivery::deliveries::poke(tx, community, &d.run_id, &d.id).await?;
@@ -298,14 +297,14 @@ pub async fn cancel_run(
     actor: Actor<'_>,
     run_id: &str,
 ) -> Answer<Notice> {
-    let (workflow_id, channel, _) = runs::place_of(tx, community, run_id)
+    let (workflow_id, channel, _) = crate::workflow::views::place_of(tx, community, run_id)
         .await?
         .ok_or(Refusal::UnknownRun)?;
     if !actor.admin {
         workflows::owned(tx, community, &workflow_id, actor.pubkey, true).await?;
     }
     let by = actor.pubkey.to_hex();
-    runs::cancel_by(tx, community, run_id, &format!("cancelled by {by}")).await?;
+    crate::workflow::views::cancel_by(tx, community, run_id, &format!("cancelled by {by}")).await?;
     let now = tx.now().await?;
     let text = format!("Run {run_id} of workflow {workflow_id} cancelled by {by}");
     let tags = action_tags("cancelrun", "run", run_id, &by);

@@ -7,8 +7,8 @@ use protocol::api::{DeliveryStatus, RunStatus};
 use protocol::dashboard::{AgentView, ChannelSummary, Minute, WorkflowDetail, WorkflowSummary};
 
 use crate::persistence::db::{Tx, Q};
-use crate::workflow::definitions as workflows;
 use crate::persistence::StoreError;
+use crate::workflow::definitions as workflows;
 
 /// What the metrics read from the database, per community.
 #[derive(Debug, Default, Clone)]

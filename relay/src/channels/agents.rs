@@ -3,9 +3,9 @@
 use nostr::prelude::Event;
 use protocol::nip_oa::Attestation;
 
-use crate::persistence::db::{Tx, Q};
 use crate::events::rules as events;
 use crate::events::InsertOutcome;
+use crate::persistence::db::{Tx, Q};
 use crate::persistence::StoreError;
 
 /// Records the owner (first valid attestation wins, immutable) and stores

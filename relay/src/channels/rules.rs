@@ -9,12 +9,12 @@ use std::collections::BTreeMap;
 
 use nostr::prelude::{Event, EventBuilder, Keys, Kind, PublicKey, Tag, Timestamp};
 
-use crate::persistence::db::{Tx, Q};
-use crate::events::rules as events;
-use crate::workflow::definitions::Upsert;
-use crate::events::InsertOutcome;
-use crate::persistence::StoreError;
 use crate::config::ChannelPolicy;
+use crate::events::rules as events;
+use crate::events::InsertOutcome;
+use crate::persistence::db::{Tx, Q};
+use crate::persistence::StoreError;
+use crate::workflow::definitions::Upsert;
 
 pub use protocol::nip29::{
     changes_channel, h_tag, CREATE_GROUP, CREATE_INVITE, DELETE_EVENT, DELETE_GROUP, EDIT_METADATA,
@@ -307,7 +307,8 @@ pub async fn apply(
     if let Some(msg) = check_previous(tx, community, &channel, event).await? {
         return rejected(msg);
     }
-    let outcome = crate::workflow::definitions::insert_event(tx, community, event, raw, Some(&channel)).await?;
+    let outcome =
+        crate::workflow::definitions::insert_event(tx, community, event, raw, Some(&channel)).await?;
     if outcome != InsertOutcome::Stored {
         return Ok((outcome, Vec::new()));
     }
@@ -334,7 +335,9 @@ pub async fn apply(
         published.extend(republish(tx, community, keys, &channel, now, which).await?);
     }
     for pk in &changed.departed {
-        published.extend(crate::workflow::definitions::pause_for_departed(tx, community, keys, &channel, pk, now).await?);
+        published.extend(
+            crate::workflow::definitions::pause_for_departed(tx, community, keys, &channel, pk, now).await?,
+        );
     }
     Ok((InsertOutcome::Stored, published))
 }
@@ -355,7 +358,9 @@ async fn workflow_effects(
             Ok(v) => v,
             Err(e) => return Ok(Some(format!("invalid: {e}"))),
         };
-        if let Upsert::Refused(msg) = crate::workflow::definitions::upsert_definition(tx, community, event, &v).await? {
+        if let Upsert::Refused(msg) =
+            crate::workflow::definitions::upsert_definition(tx, community, event, &v).await?
+        {
             return Ok(Some(msg));
         }
     }

@@ -1,9 +1,12 @@
 //! Deliveries to managed agents: the state machine, one pure function
-//! (`machine`), and the calls that apply what it decides (`deliveries`:
-//! claim, renew, operations, finish, the sweeper, the views).
+//! (`machine`), a row as stored and shown (`rows`), claims written from the
+//! machine's claim rule (`claim`), and the calls that apply what the
+//! machine decides (`deliveries`: renew, operations, finish, the sweeper,
+//! an operator's retry and cancel).
 //!
-//! May use: `workflow` (a finish wakes its run), `events`, `persistence`,
-//! `refusal`, `config`.
+//! May use: `events`, `persistence`, `refusal`, `config`.
 
+pub mod claim;
 pub mod deliveries;
 pub mod machine;
+pub mod rows;

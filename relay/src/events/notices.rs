@@ -5,8 +5,8 @@
 
 use nostr::prelude::{Event, EventBuilder, Keys, Kind, Tag, Timestamp};
 
-use crate::persistence::db::Tx;
 use crate::events::rules as events;
+use crate::persistence::db::Tx;
 use crate::persistence::StoreError;
 
 /// Signs and stores a notice `text` in `channel`, with `tags` after its

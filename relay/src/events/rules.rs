@@ -6,15 +6,15 @@
 
 use nostr::prelude::{Event, PublicKey};
 
-use crate::persistence::db::{Tx, Q};
-use crate::persistence::sql::{Dialect};
-use crate::events::query::{value_hash};
 use crate::events::address_key;
 use crate::events::deletion_targets;
 use crate::events::expiration;
 use crate::events::indexed_tags;
+use crate::events::query::value_hash;
 use crate::events::replacement_key;
 use crate::events::InsertOutcome;
+use crate::persistence::db::{Tx, Q};
+use crate::persistence::sql::Dialect;
 use crate::persistence::StoreError;
 
 /// What storing an event came to.

@@ -24,10 +24,10 @@ use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OpenFlags, Statement};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
+use crate::config::SqliteConfig;
 use crate::persistence::row::{Names, Row, Val};
 use crate::persistence::sql::{Bind, Q};
 use crate::persistence::StoreError;
-use crate::config::SqliteConfig;
 
 /// Prepared statements the writer keeps (every statement the store writes
 /// with; their texts vary with the number of rows of a multi-row insert).

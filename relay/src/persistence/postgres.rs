@@ -15,11 +15,11 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::Connection;
 use tokio::sync::mpsc;
 
+use crate::config::PostgresConfig;
 use crate::persistence::db::{Tx, Q};
 use crate::persistence::OpenMode;
 use crate::persistence::RemoteEvent;
 use crate::persistence::StoreError;
-use crate::config::PostgresConfig;
 
 /// Prepared statements kept per connection (see [`open`]).
 const STATEMENT_CACHE: usize = 400;

@@ -20,11 +20,11 @@ use rusqlite::Connection;
 use std::path::Path;
 use tokio::sync::oneshot;
 
+use crate::config::SqliteConfig;
 use crate::persistence::lite;
 use crate::persistence::row::Row;
-use crate::persistence::sql::{Q};
+use crate::persistence::sql::Q;
 use crate::persistence::StoreError;
-use crate::config::SqliteConfig;
 
 /// Pages waiting for a reader thread, at most: past it a REQ waits to
 /// queue its page (the connection's own bounds stop it long before).

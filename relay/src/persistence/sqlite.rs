@@ -29,11 +29,11 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
+use crate::config::SqliteConfig;
 use crate::persistence::lite::Writer;
 use crate::persistence::readers::Readers;
 use crate::persistence::OpenMode;
 use crate::persistence::StoreError;
-use crate::config::SqliteConfig;
 
 /// The connections of an open SQLite database.
 pub struct Opened {

@@ -9,21 +9,23 @@ use protocol::api::{OperationRequest, RenewRequest};
 use protocol::workflow::Cause;
 use serde_json::Value;
 
-use crate::store::calls::{Claim, Finish, Operation, Renew};
 use crate::delivery::deliveries;
-use crate::delivery::deliveries::{Answer, ClaimRequest, Delivery, FinishRequest, Finished, Refusal};
+use crate::delivery::deliveries::{Answer, ClaimRequest, FinishRequest, Finished, Refusal};
+use crate::delivery::rows::Delivery;
+use crate::store::calls::{Claim, Finish, Operation, Renew};
 pub use crate::store::group::HttpAuthUse;
 
-use crate::workflow::outcalls;
-use crate::workflow::outcalls::{CallAnswer};
-use crate::workflow::runs;
-use crate::workflow::runs::{StepOutcome};
-use crate::store::sqlstore::Store;
-use crate::workflow::definitions as workflows;
-use crate::persistence::StoreError;
 use crate::admin::manage;
 use crate::admin::overview;
 use crate::config::DeliveryConfig;
+use crate::persistence::StoreError;
+use crate::store::sqlstore::Store;
+use crate::workflow::definitions as workflows;
+use crate::workflow::outcalls;
+use crate::workflow::outcalls::CallAnswer;
+use crate::workflow::runs;
+use crate::workflow::step::StepOutcome;
+use crate::workflow::views;
 use protocol::nip86::List;
 
 /// Workflows, runs and deliveries.
@@ -34,7 +36,7 @@ impl Store {
         community: &str,
         keys: &Keys,
         run_id: &str,
-        env: &runs::Env<'_>,
+        env: &crate::workflow::step::Env<'_>,
         answer: Option<&CallAnswer>,
     ) -> Result<StepOutcome, StoreError> {
         let mut tx = self.pool.begin().await?;
@@ -45,9 +47,9 @@ impl Store {
         Ok(out)
     }
 
-    /// Runs with a step to execute now, oldest first (`runs::due_runs`).
+    /// Runs with a step to execute now, oldest first (`views::due_runs`).
     pub async fn due_runs(&self, community: &str, limit: u32) -> Result<Vec<String>, StoreError> {
-        runs::due_runs(&self.pool, community, limit).await
+        views::due_runs(&self.pool, community, limit).await
     }
 
     /// Fires due schedule slots; returns new runs.
@@ -133,12 +135,12 @@ impl Store {
         caller: Option<&PublicKey>,
         before: Option<i64>,
         limit: u32,
-    ) -> Answer<runs::RunList> {
+    ) -> Answer<views::RunList> {
         let mut tx = self.pool.read().await?;
         if let (Some(caller), Some(w)) = (caller, workflow_id) {
             workflows::owned(&mut tx, community, w, caller, true).await?;
         }
-        Ok(runs::list_runs(&mut tx, community, workflow_id, before, limit).await?)
+        Ok(views::list_runs(&mut tx, community, workflow_id, before, limit).await?)
     }
 
     /// One run; with `caller`, only its workflow's owner (still a member
@@ -150,7 +152,7 @@ impl Store {
         caller: Option<&PublicKey>,
     ) -> Answer<protocol::api::RunView> {
         let mut tx = self.pool.read().await?;
-        let run = runs::show_run(&mut tx, community, run_id)
+        let run = views::show_run(&mut tx, community, run_id)
             .await?
             .ok_or(Refusal::UnknownRun)?;
         if let Some(caller) = caller {
@@ -241,11 +243,11 @@ impl Store {
     pub async fn list_deliveries(
         &self,
         community: &str,
-        filter: &deliveries::ListFilter,
+        filter: &crate::delivery::rows::ListFilter,
         limit: u32,
     ) -> Result<Vec<Delivery>, StoreError> {
         let mut tx = self.pool.read().await?;
-        deliveries::list(&mut tx, community, filter, limit).await
+        crate::delivery::rows::list(&mut tx, community, filter, limit).await
     }
 
     /// One delivery with its attempts and recorded operations; with
@@ -257,7 +259,7 @@ impl Store {
         caller: Option<&PublicKey>,
     ) -> Answer<protocol::api::DeliveryDetail> {
         let mut tx = self.pool.read().await?;
-        let (d, detail) = deliveries::show(&mut tx, community, id)
+        let (d, detail) = crate::delivery::rows::show(&mut tx, community, id)
             .await?
             .ok_or(Refusal::NoDelivery)?;
         if let Some(caller) = caller.filter(|c| !d.for_caller(c)) {

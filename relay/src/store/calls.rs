@@ -9,15 +9,16 @@ use nostr::prelude::{Event, Keys, PublicKey};
 use protocol::api::{ClaimRequest, FinishRequest, OperationRequest, Outcome, RenewRequest};
 
 use crate::channels::rules as channels;
-use crate::channels::rules::{Published};
-use crate::persistence::db::Tx;
-use crate::delivery::deliveries;
-use crate::delivery::deliveries::{Delivery, Finished};
-use crate::events::rules::author_lock_key;
-use crate::store::group::WriteCall;
-use crate::refusal::Answer;
-use crate::events::InsertOutcome;
+use crate::channels::rules::Published;
 use crate::config::{ChannelPolicy, DeliveryConfig};
+use crate::delivery::deliveries;
+use crate::delivery::deliveries::Finished;
+use crate::delivery::rows::Delivery;
+use crate::events::rules::author_lock_key;
+use crate::events::InsertOutcome;
+use crate::persistence::db::Tx;
+use crate::refusal::Answer;
+use crate::store::group::WriteCall;
 
 /// Nothing but the job's auth record (a NIP-98 request that writes nothing
 /// else): submitted with `Calls::run_spending`. Its record is written
@@ -74,7 +75,7 @@ impl WriteCall for Claim {
     }
 
     fn run<'a>(&'a self, tx: &'a mut Tx<'_>, cfg: &'a DeliveryConfig) -> BoxFuture<'a, Answer<Self::Reply>> {
-        Box::pin(deliveries::claim(
+        Box::pin(crate::delivery::claim::claim(
             tx,
             &self.community,
             &self.caller,

@@ -26,10 +26,10 @@ use futures_util::future::BoxFuture;
 use nostr::prelude::PublicKey;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::persistence::db::{Conn, Dialect, Pool, Tx, Q};
-use crate::refusal::{Answer, CallError, Refusal};
-use crate::persistence::StoreError;
 use crate::config::DeliveryConfig;
+use crate::persistence::db::{Conn, Dialect, Pool, Tx, Q};
+use crate::persistence::StoreError;
+use crate::refusal::{Answer, CallError, Refusal};
 
 /// A NIP-98 auth event that a delivery call spends: recorded as used in the
 /// call's own transaction, before the call and outside its savepoint, so the

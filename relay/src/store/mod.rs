@@ -26,8 +26,8 @@ pub use crate::admin::communities::CommunityRecord;
 pub use crate::admin::overview::Gauges;
 pub use crate::channels::rules::{ChannelView, Published};
 pub use crate::events::{InsertOutcome, Page, PageRows, ReadScope, StoredEvent};
-pub use crate::persistence::{OpenMode, RemoteEvent, StoreError};
 use crate::persistence::{db, postgres, sqlite};
+pub use crate::persistence::{OpenMode, RemoteEvent, StoreError};
 
 pub use sqlstore::Store;
 

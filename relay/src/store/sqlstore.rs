@@ -14,23 +14,23 @@ use tokio::sync::mpsc;
 use tokio::sync::oneshot;
 
 use crate::admin::communities;
-use crate::persistence::db::{Pool, Tx, Q};
-use crate::store::group::HttpAuthUse;
-use crate::refusal::{CallError, Refusal};
-use crate::events::query as sql;
-use crate::persistence::sql::{Dialect};
-use crate::store::writer::{batch_writer, Bounds, InsertRequest};
-use crate::channels::rules::ChannelView;
 use crate::admin::communities::CommunityRecord;
+use crate::channels::rules::ChannelView;
+use crate::channels::rules::Published;
+use crate::config::{ChannelPolicy, DeliveryConfig, WriterConfig};
+use crate::events::query as sql;
 use crate::events::InsertOutcome;
 use crate::events::Page;
 use crate::events::PageRows;
-use crate::channels::rules::Published;
 use crate::events::ReadScope;
+use crate::events::StoredEvent;
+use crate::persistence::db::{Pool, Tx, Q};
+use crate::persistence::sql::Dialect;
 use crate::persistence::RemoteEvent;
 use crate::persistence::StoreError;
-use crate::events::StoredEvent;
-use crate::config::{ChannelPolicy, DeliveryConfig, WriterConfig};
+use crate::refusal::{CallError, Refusal};
+use crate::store::group::HttpAuthUse;
+use crate::store::writer::{batch_writer, Bounds, InsertRequest};
 
 /// A store on SQLite or PostgreSQL.
 pub struct Store {
@@ -182,7 +182,8 @@ impl Store {
         raw: &str,
     ) -> Result<InsertOutcome, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let outcome = crate::workflow::definitions::insert_event(&mut tx, community, event, raw, None).await?;
+        let outcome =
+            crate::workflow::definitions::insert_event(&mut tx, community, event, raw, None).await?;
         if outcome == InsertOutcome::Stored {
             self.announce(&mut tx, community, &[raw]).await?;
             tx.commit().await?;

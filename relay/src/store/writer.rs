@@ -8,15 +8,15 @@ use std::sync::Arc;
 use nostr::prelude::Event;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::persistence::db::{Pool, Tx, Q};
-use crate::events::rules::{author_lock_key, created_at_of, insert_tags, TagRow};
-use crate::store::fair::Fair;
-use crate::persistence::sql::{Bind, Dialect};
-use crate::workflow::definitions::insert_event;
 use crate::events::expiration;
 use crate::events::indexed_tags;
+use crate::events::rules::{author_lock_key, created_at_of, insert_tags, TagRow};
 use crate::events::InsertOutcome;
+use crate::persistence::db::{Pool, Tx, Q};
+use crate::persistence::sql::{Bind, Dialect};
 use crate::persistence::StoreError;
+use crate::store::fair::Fair;
+use crate::workflow::definitions::insert_event;
 
 /// An event waiting for the batch writer.
 pub(crate) struct InsertRequest {

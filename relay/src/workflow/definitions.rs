@@ -7,12 +7,12 @@ use protocol::api::CauseKind;
 use protocol::workflow::{self, Cause, Definition, Trigger, Validated};
 use serde_json::{json, Value};
 
-use crate::persistence::db::{Row, Tx, Q};
 use crate::events::rules as events;
-use crate::events::rules::{Deleted};
-use crate::refusal::{unless_refused, Answer, Refusal};
+use crate::events::rules::Deleted;
 use crate::events::InsertOutcome;
+use crate::persistence::db::{Row, Tx, Q};
 use crate::persistence::StoreError;
+use crate::refusal::{unless_refused, Answer, Refusal};
 
 /// A new random id (128 bits, hex).
 pub fn new_id() -> String {
@@ -781,8 +781,8 @@ pub async fn trigger_of(
 mod tests {
     use protocol::api::DeliveryStatus;
 
-    use crate::delivery::machine::{transition, Event, State, Transition};
     use super::ACTIVE_ROWS;
+    use crate::delivery::machine::{transition, Event, State, Transition};
 
     #[test]
     fn bulk_cancellation_touches_the_states_the_machine_cancels() {

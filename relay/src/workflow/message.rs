@@ -1,0 +1,377 @@
+//! A step's message and its deliveries: rendered and signed under the
+//! admission rule, stored once (a replay reuses it), and one delivery row
+//! per recipient that is a managed agent and a member.
+
+use nostr::prelude::{Event, EventBuilder, Keys, Kind, PublicKey, Tag, Timestamp};
+use protocol::api::{CauseKind, DeliveryStatus};
+use protocol::approval::{self};
+use protocol::template::Template;
+use protocol::workflow::{self, MessageBinding, Step};
+
+use super::step::{json_of, Failure, NewDelivery, RunRow, StepCtx, StepOutcome};
+use crate::admission;
+use crate::config::{DeliveryConfig, Limits};
+use crate::events::rules as events;
+use crate::events::rules::created_at_of;
+use crate::events::InsertOutcome;
+use crate::faults;
+use crate::persistence::db::{Tx, Q};
+use crate::persistence::StoreError;
+use crate::workflow::definitions::new_id;
+
+/// Delivery rows in one insert, at most (20 binds a row: within both
+/// backends' bind limits).
+const MAX_ROWS_PER_INSERT: usize = 500;
+
+/// What a step's message is bound to.
+struct Binding<'a> {
+    pub(crate) run: &'a RunRow,
+    pub(crate) run_id: &'a str,
+    pub(crate) step_id: &'a str,
+    pub(crate) definition_hex: &'a str,
+    pub(crate) reply_in_thread: bool,
+    /// Its `p` tags (the owner first).
+    pub(crate) recipients: Vec<PublicKey>,
+    /// Tags after the workflow message's own (an approval request's mark).
+    pub(crate) extra_tags: Vec<Tag>,
+}
+
+/// Renders and signs a step's message, under the same admission rule as
+/// every event a client sends (the relay's own events obey the limits it
+/// sets for others): `Err` is why the run fails, `message_too_large` when
+/// the rendered text (rendering stops at `max_event_bytes`) or the signed
+/// event is over `max_event_bytes`.
+fn sign_message(
+    keys: &Keys,
+    b: &Binding<'_>,
+    template: &Template,
+    now: i64,
+    limits: &Limits,
+) -> Result<Result<(Event, String), Failure>, StoreError> {
+    let too_large = |bytes: String| {
+        Failure::new(
+            "message_too_large",
+            format!(
+                "the message would be {bytes} bytes; max_event_bytes is {}",
+                limits.max_event_bytes
+            ),
+        )
+    };
+    let rendered = match template.render_bounded(&b.run.context(), limits.max_event_bytes) {
+        Ok(text) => text,
+        Err(e) => return Ok(Err(too_large(format!("at least {}", e.at_least)))),
+    };
+    let reply_to =
+        (b.reply_in_thread && b.run.cause.kind == CauseKind::Event).then_some(b.run.cause.id.as_str());
+    let tags = workflow::message_tags(&MessageBinding {
+        channel: &b.run.channel,
+        definition_event_id: b.definition_hex,
+        step_id: b.step_id,
+        run_id: b.run_id,
+        owner: &b.run.owner,
+        cause: &b.run.cause,
+        recipients: &b.recipients,
+        reply_to,
+    });
+    let tags = tags.into_iter().chain(b.extra_tags.iter().cloned());
+    sign_admitted(keys, rendered, tags, now, limits, too_large)
+}
+
+/// Signs a relay kind 9 and holds it to the admission rule every client's
+/// event meets.
+pub(crate) fn sign_admitted(
+    keys: &Keys,
+    text: String,
+    tags: impl IntoIterator<Item = Tag>,
+    now: i64,
+    limits: &Limits,
+    too_large: impl Fn(String) -> Failure,
+) -> Result<Result<(Event, String), Failure>, StoreError> {
+    let ev = protocol::sign::sign(
+        EventBuilder::new(Kind::from_u16(workflow::MESSAGE_KIND), text)
+            .tags(tags)
+            .custom_created_at(Timestamp::from_secs(u64::try_from(now).unwrap_or(0))),
+        keys,
+    );
+    let raw = serde_json::to_string(&ev).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let rules = admission::Rules {
+        limits,
+        community_key: &keys.public_key(),
+        now: u64::try_from(now).unwrap_or(0),
+        bans: None,
+    };
+    Ok(match admission::check(&ev, raw.len(), &rules) {
+        Ok(()) => Ok((ev, raw)),
+        Err(admission::Refusal::TooLarge { bytes, .. }) => Err(too_large(bytes.to_string())),
+        Err(r) => Err(Failure::new("message_refused", r.to_string())),
+    })
+}
+
+/// Which delivery rows a step's message makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rows {
+    /// None (an approval request is for people).
+    None,
+    /// One per managed-agent recipient.
+    Plain,
+    /// As `Plain`, and each wakes the run when it ends.
+    Awaited,
+}
+
+/// The `p` recipients and extra tags of the current step's message: an
+/// approval request names the owner and its approvers and carries the
+/// request mark; other messages name the owner and the template's mentions.
+fn addressees(c: &StepCtx<'_>, template: &Template) -> (Vec<PublicKey>, Vec<Tag>, bool) {
+    match c.step() {
+        Step::RequestApproval { approvers, .. } => {
+            let mut to = vec![c.run.owner];
+            for pk in approvers.iter().filter_map(|a| PublicKey::from_hex(a).ok()) {
+                if !to.contains(&pk) {
+                    to.push(pk);
+                }
+            }
+            (to, vec![approval::request_tag()], false)
+        }
+        step => (
+            workflow::recipients(&c.run.owner, template),
+            Vec::new(),
+            step.message().is_some_and(|(_, in_thread)| in_thread),
+        ),
+    }
+}
+
+/// Posts the step's message (once: a replay reuses it) and its delivery
+/// rows, as `rows` says.
+pub(crate) async fn post(
+    tx: &mut Tx<'_>,
+    c: &StepCtx<'_>,
+    out: &mut StepOutcome,
+    rows: Rows,
+) -> Result<Result<Event, Failure>, StoreError> {
+    let text = c.step().text().expect("a step that posts has a text");
+    let Ok(template) = Template::parse(text) else {
+        return Ok(Err(Failure::new(
+            "template_invalid",
+            "step template no longer parses",
+        )));
+    };
+    let (recipients, extra_tags, reply_in_thread) = addressees(c, &template);
+    let binding = Binding {
+        run: c.run,
+        run_id: c.run_id,
+        step_id: c.step().id(),
+        definition_hex: &hex::encode(c.run.definition_event_id),
+        reply_in_thread,
+        recipients,
+        extra_tags,
+    };
+    let limits = c.env.limits;
+    let message = match step_message(tx, c.community, c.keys, &binding, &template, c.now, limits).await? {
+        Made::Found(message) => message,
+        Made::New(message, raw) => {
+            out.published.push((message.clone(), raw));
+            message
+        }
+        Made::Refused(why) => return Ok(Err(why)),
+    };
+    if rows != Rows::None {
+        let awaited = rows == Rows::Awaited;
+        let cfg = c.env.deliveries;
+        out.new_deliveries =
+            insert_deliveries(tx, c.community, &binding, &message, cfg, c.now, awaited).await?;
+        faults::check("step:after_rows")?;
+    }
+    Ok(Ok(message))
+}
+
+/// A step's message: found (a replay), new (to announce), or refused
+/// (the step fails with that error).
+enum Made {
+    Found(Event),
+    New(Event, String),
+    Refused(Failure),
+}
+
+/// The step's message: the one stored by an earlier execution, else
+/// rendered, signed and stored now, with its record.
+async fn step_message(
+    tx: &mut Tx<'_>,
+    community: &str,
+    keys: &Keys,
+    b: &Binding<'_>,
+    template: &Template,
+    now: i64,
+    limits: &Limits,
+) -> Result<Made, StoreError> {
+    let existing = tx
+        .one(
+            Q::new(
+                "SELECT e.raw FROM workflow_step_messages m JOIN events e \
+                 ON e.community_id = m.community_id AND e.id = m.event_id \
+                 WHERE m.community_id = $1 AND m.run_id = $2 AND m.step_id = $3",
+            )
+            .bind(community)
+            .bind(b.run_id)
+            .bind(b.step_id),
+        )
+        .await?;
+    if let Some(row) = existing {
+        return Ok(Made::Found(json_of(&row.text(0)?)?));
+    }
+    let (ev, raw) = match sign_message(keys, b, template, now, limits)? {
+        Ok(signed) => signed,
+        Err(why) => return Ok(Made::Refused(why)),
+    };
+    match events::insert(tx, community, &ev, &raw, Some(&b.run.channel))
+        .await?
+        .of_no_deletion()
+    {
+        InsertOutcome::Stored | InsertOutcome::Duplicate => {}
+        InsertOutcome::Rejected(why) => {
+            return Err(StoreError::Corrupt(format!("workflow message refused: {why}")))
+        }
+    }
+    tx.exec(
+        Q::new(
+            "INSERT INTO workflow_step_messages (community_id, run_id, step_id, event_id, event_created_at) \
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(community)
+        .bind(b.run_id)
+        .bind(b.step_id)
+        .bind(ev.id.to_bytes())
+        .bind(now),
+    )
+    .await?;
+    faults::check("step:after_event")?;
+    Ok(Made::New(ev, raw))
+}
+
+/// The message's `p` recipients, each once, in order.
+pub(crate) fn recipients_of(message: &Event) -> Vec<PublicKey> {
+    let mut targets: Vec<PublicKey> = Vec::new();
+    for p in workflow::tag_values(message, "p") {
+        if let Ok(t) = PublicKey::from_hex(p) {
+            if !targets.contains(&t) {
+                targets.push(t);
+            }
+        }
+    }
+    targets
+}
+
+/// One delivery row per recipient that is a managed agent and a member:
+/// per chunk, one query for who qualifies and one multi-row insert (a
+/// replay inserts nothing new: the rows are unique on run, step and
+/// target). Returns the rows made now (to wake).
+async fn insert_deliveries(
+    tx: &mut Tx<'_>,
+    community: &str,
+    b: &Binding<'_>,
+    message: &Event,
+    cfg: &DeliveryConfig,
+    now: i64,
+    awaited: bool,
+) -> Result<Vec<NewDelivery>, StoreError> {
+    let mut made = Vec::new();
+    for chunk in recipients_of(message).chunks(MAX_ROWS_PER_INSERT) {
+        let eligible = eligible_agents(tx, community, &b.run.channel, chunk).await?;
+        let rows: Vec<(&PublicKey, String)> = chunk
+            .iter()
+            .filter(|t| eligible.contains(&t.to_bytes()))
+            .map(|t| (t, new_id()))
+            .collect();
+        if rows.is_empty() {
+            continue;
+        }
+        let inserted = insert_rows(tx, community, b, message, &rows, cfg, now, awaited).await?;
+        for (target, id) in rows {
+            if inserted.contains(&target.to_bytes()) {
+                made.push(NewDelivery {
+                    id,
+                    target: *target,
+                    channel: b.run.channel.clone(),
+                    definition_event_id: b.definition_hex.to_string(),
+                    run_id: b.run_id.to_string(),
+                    step_id: b.step_id.to_string(),
+                    message_event_id: message.id.to_hex(),
+                });
+            }
+        }
+    }
+    Ok(made)
+}
+
+/// Of `candidates`, the registered agents that are members of `channel`.
+async fn eligible_agents(
+    tx: &mut Tx<'_>,
+    community: &str,
+    channel: &str,
+    candidates: &[PublicKey],
+) -> Result<Vec<[u8; 32]>, StoreError> {
+    let d = tx.dialect();
+    let mut q = Q::new(
+        "SELECT a.pubkey FROM agents a JOIN channel_members m ON m.community_id = a.community_id \
+         AND m.pubkey = a.pubkey WHERE a.community_id = ",
+    )
+    .arg(d, community);
+    q.sql.push_str(" AND m.channel_id = ");
+    q = q.arg(d, channel);
+    q.sql.push_str(" AND a.pubkey IN ");
+    q = q.in_list(d, candidates.iter().map(|t| t.to_bytes()));
+    tx.all(q).await?.iter().map(|r| r.id32(0)).collect()
+}
+
+/// Inserts `rows` (target, new id) as pending deliveries of the step's
+/// message; returns the targets whose row is new.
+#[allow(clippy::too_many_arguments)]
+async fn insert_rows(
+    tx: &mut Tx<'_>,
+    community: &str,
+    b: &Binding<'_>,
+    message: &Event,
+    rows: &[(&PublicKey, String)],
+    cfg: &DeliveryConfig,
+    now: i64,
+    awaited: bool,
+) -> Result<Vec<[u8; 32]>, StoreError> {
+    const COLS: usize = 20;
+    let mut q = Q::new(
+        "INSERT INTO workflow_agent_deliveries (community_id, id, workflow_id, run_id, step_id, \
+         target_pubkey, channel, definition_event_id, message_event_id, message_created_at, status, \
+         attempt, max_attempts, next_attempt_at, expires_at, trigger_context, execution_trace, \
+         created_at, updated_at, awaited) VALUES ",
+    );
+    let expires = now.saturating_add(i64::try_from(cfg.lifetime_secs).unwrap_or(i64::MAX));
+    let (context, trace) = (b.run.trigger_context.to_string(), b.run.trace_json().to_string());
+    let d = tx.dialect();
+    for (k, (target, id)) in rows.iter().enumerate() {
+        d.push_values_row(&mut q.sql, k, COLS);
+        q = q
+            .bind(community)
+            .bind(id.as_str())
+            .bind(b.run.workflow_id.as_str())
+            .bind(b.run_id)
+            .bind(b.step_id)
+            .bind(target.to_bytes())
+            .bind(b.run.channel.as_str())
+            .bind(b.run.definition_event_id)
+            .bind(message.id.to_bytes())
+            .bind(created_at_of(message))
+            .bind(DeliveryStatus::Pending.as_str())
+            .bind(0_i64)
+            .bind(i64::from(cfg.max_attempts))
+            .bind(now)
+            .bind(expires)
+            .bind(context.as_str())
+            .bind(trace.as_str())
+            .bind(now)
+            .bind(now)
+            .bind(awaited);
+    }
+    debug_assert_eq!(q.binds.len(), rows.len() * COLS);
+    q.sql.push_str(
+        " ON CONFLICT (community_id, run_id, step_id, target_pubkey) DO NOTHING RETURNING target_pubkey",
+    );
+    tx.all(q).await?.iter().map(|r| r.id32(0)).collect()
+}

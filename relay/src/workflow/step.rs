@@ -1,0 +1,271 @@
+//! What every step of a run shares: the run as loaded, the step's
+//! context (`StepCtx`), what a step decides for the run (`Next`), its
+//! failure, its trace entry and what one execution produced.
+
+use nostr::prelude::{Event, Keys, PublicKey};
+use protocol::api::{CauseKind, RunError, RunStatus, StepStatus};
+use protocol::condition::{Condition, StepShape};
+use protocol::template::{self};
+use protocol::workflow::{Action, Cause, Definition, OnFailure, Step};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::config::{DeliveryConfig, Limits};
+use crate::persistence::db::{named, Tx, Q};
+use crate::persistence::StoreError;
+use crate::workflow::outcalls::OutCall;
+
+/// A delivery row made by a step, for its wake hint.
+#[derive(Debug, Clone)]
+pub struct NewDelivery {
+    pub id: String,
+    pub target: PublicKey,
+    pub channel: String,
+    pub definition_event_id: String,
+    pub run_id: String,
+    pub step_id: String,
+    pub message_event_id: String,
+}
+
+/// What one step execution produced.
+#[derive(Debug, Default)]
+pub struct StepOutcome {
+    /// Events to announce after commit (the message when newly made).
+    pub published: Vec<(Event, String)>,
+    /// Delivery rows made by this execution (wake each).
+    pub new_deliveries: Vec<NewDelivery>,
+    /// Webhook calls recorded by this execution: send each after commit.
+    pub calls: Vec<OutCall>,
+    /// Whether the run has a step to execute now.
+    pub more: bool,
+}
+
+/// What executing a step needs besides the run.
+#[derive(Debug, Clone, Copy)]
+pub struct Env<'a> {
+    pub deliveries: &'a DeliveryConfig,
+    pub limits: &'a Limits,
+    /// How long past its own timeout a webhook call may stay unanswered
+    /// before it counts as interrupted (its process died mid-call).
+    pub call_grace_secs: u64,
+}
+
+/// One finished step in a run's trace (the stored JSON; templates and
+/// conditions read `step` and `output`, agents too, from a delivery's
+/// snapshot). Entries written before steps had a status read as done.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TraceEntry {
+    pub step: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<Action>,
+    #[serde(default = "done")]
+    pub status: StepStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<i64>,
+    #[serde(default)]
+    pub output: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<RunError>,
+}
+
+fn done() -> StepStatus {
+    StepStatus::Done
+}
+
+pub(crate) struct RunRow {
+    pub(crate) workflow_id: String,
+    pub(crate) definition_event_id: [u8; 32],
+    pub(crate) channel: String,
+    pub(crate) owner: PublicKey,
+    pub(crate) cause: Cause,
+    pub(crate) status: RunStatus,
+    pub(crate) current_step: i64,
+    pub(crate) trigger_context: Value,
+    pub(crate) trace: Vec<TraceEntry>,
+    pub(crate) step_started_at: Option<i64>,
+    pub(crate) wake_at: Option<i64>,
+}
+
+impl RunRow {
+    pub(crate) fn trace_json(&self) -> Value {
+        serde_json::to_value(&self.trace).unwrap_or(Value::Array(Vec::new()))
+    }
+
+    /// The context templates and conditions see.
+    pub(crate) fn context(&self) -> Value {
+        template::context(&self.trigger_context, &self.trace_json())
+    }
+}
+
+pub(crate) fn json_of<T: for<'de> Deserialize<'de>>(s: &str) -> Result<T, StoreError> {
+    serde_json::from_str(s).map_err(|e| StoreError::Corrupt(format!("run json: {e}")))
+}
+
+pub(crate) async fn load_run(
+    tx: &mut Tx<'_>,
+    community: &str,
+    run_id: &str,
+) -> Result<Option<RunRow>, StoreError> {
+    let row = tx
+        .one(
+            Q::new(
+                "SELECT workflow_id, definition_event_id, channel, owner, cause_type, cause_id, status, \
+                 current_step, trigger_context, trace, step_started_at, wake_at \
+                 FROM workflow_runs WHERE community_id = $1 AND id = $2",
+            )
+            .bind(community)
+            .bind(run_id),
+        )
+        .await?;
+    let Some(r) = row else { return Ok(None) };
+    Ok(Some(RunRow {
+        workflow_id: r.text("workflow_id")?,
+        definition_event_id: r.id32("definition_event_id")?,
+        channel: r.text("channel")?,
+        owner: PublicKey::from_slice(&r.blob("owner")?).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+        cause: Cause {
+            kind: named(&r.text("cause_type")?, CauseKind::parse)?,
+            id: r.text("cause_id")?,
+        },
+        status: named(&r.text("status")?, RunStatus::parse)?,
+        current_step: r.int("current_step")?,
+        trigger_context: json_of(&r.text("trigger_context")?)?,
+        trace: json_of(&r.text("trace")?)?,
+        step_started_at: r.opt_int("step_started_at")?,
+        wake_at: r.opt_int("wake_at")?,
+    }))
+}
+
+/// Why a step or a run did not succeed: a stable code and a text.
+#[derive(Debug, Clone)]
+pub(crate) struct Failure {
+    pub(crate) code: String,
+    pub(crate) message: String,
+}
+
+impl Failure {
+    pub(crate) fn new(code: impl Into<String>, message: impl Into<String>) -> Failure {
+        Failure {
+            code: code.into(),
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn at(&self, step: Option<&str>) -> RunError {
+        RunError {
+            code: self.code.clone(),
+            message: self.message.clone(),
+            step: step.map(str::to_string),
+        }
+    }
+}
+
+/// Ends a run other than by its steps (cancelled, its definition gone).
+pub(crate) async fn end_run(
+    tx: &mut Tx<'_>,
+    community: &str,
+    run_id: &str,
+    status: RunStatus,
+    error: Option<Failure>,
+) -> Result<(), StoreError> {
+    let now = tx.now().await?;
+    let (code, message) = error.map_or((None, None), |f| (Some(f.code), Some(f.message)));
+    tx.exec(
+        Q::new(
+            "UPDATE workflow_runs SET status = $3, error = $4, error_code = $5, wake_at = NULL, updated_at = $6 \
+             WHERE community_id = $1 AND id = $2",
+        )
+        .bind(community)
+        .bind(run_id)
+        .bind(status.as_str())
+        .bind(message)
+        .bind(code)
+        .bind(now),
+    )
+    .await?;
+    Ok(())
+}
+
+/// What a step execution decided for the run.
+pub(crate) enum Next {
+    /// The step began waiting, until `wake_at` at most.
+    Wait { wake_at: i64 },
+    /// The step still waits (a wake came before it is over): its
+    /// `wake_at`, set when it began waiting, stands.
+    StillWaiting,
+    /// The step still waits, until a new `wake_at` (a webhook call sent
+    /// again after an interruption).
+    Rewait { wake_at: i64 },
+    /// The step ended (done, skipped, or failed with `continue`): on to
+    /// the next one.
+    Advance(TraceEntry),
+    /// The step failed and so does the run.
+    Fail(TraceEntry, Failure),
+}
+
+/// What every step execution needs.
+pub(crate) struct StepCtx<'a> {
+    pub(crate) community: &'a str,
+    pub(crate) keys: &'a Keys,
+    pub(crate) run_id: &'a str,
+    pub(crate) run: &'a RunRow,
+    pub(crate) def: &'a Definition,
+    pub(crate) index: usize,
+    pub(crate) now: i64,
+    pub(crate) env: &'a Env<'a>,
+}
+
+impl StepCtx<'_> {
+    pub(crate) fn step(&self) -> &Step {
+        &self.def.steps[self.index]
+    }
+
+    /// A trace entry for the current step ending now.
+    pub(crate) fn entry(&self, status: StepStatus, output: Value, error: Option<&Failure>) -> TraceEntry {
+        let started = if self.run.status == RunStatus::Waiting {
+            self.run.step_started_at
+        } else {
+            Some(self.now)
+        };
+        TraceEntry {
+            step: self.step().id().to_string(),
+            action: Some(self.step().action()),
+            status,
+            started_at: started,
+            finished_at: Some(self.now),
+            output,
+            error: error.map(|f| f.at(None)),
+        }
+    }
+
+    /// The step failed: the run fails with it, or goes on (`continue`).
+    pub(crate) fn failed(&self, output: Value, why: Failure, on_failure: OnFailure) -> Next {
+        let entry = self.entry(StepStatus::Failed, output, Some(&why));
+        match on_failure {
+            OnFailure::Fail => Next::Fail(entry, why),
+            OnFailure::Continue => Next::Advance(entry),
+        }
+    }
+}
+
+/// Whether the step's condition holds (true without one). Checked at
+/// publish; an error here is the evaluator's (`condition_error`).
+pub(crate) fn condition_holds(c: &StepCtx<'_>) -> Result<bool, Failure> {
+    let Some(src) = c.step().condition() else {
+        return Ok(true);
+    };
+    let earlier: Vec<StepShape<'_>> = c.def.steps[..c.index].iter().map(Step::shape).collect();
+    let cond =
+        Condition::compile(src, &earlier).map_err(|e| Failure::new("condition_error", e.to_string()))?;
+    cond.eval(&c.run.context())
+        .map_err(|e| Failure::new("condition_error", e))
+}
+
+/// The run's trace with `entry` added, as stored.
+pub(crate) fn with_entry(run: &RunRow, entry: TraceEntry) -> String {
+    let mut trace = run.trace.clone();
+    trace.push(entry);
+    serde_json::to_string(&trace).unwrap_or_else(|_| "[]".into())
+}
