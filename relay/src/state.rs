@@ -10,7 +10,8 @@ use std::sync::Mutex;
 
 use nostr::prelude::Event;
 
-use crate::channels::rules::{self as channels, ChannelView};
+use crate::channels::rules as channels;
+use crate::channels::state::ChannelView;
 use crate::community::{Communities, Community};
 use crate::config::Config;
 use crate::hub::Hub;

@@ -1,9 +1,12 @@
-//! Channels (NIP-29) and who is in them: membership, roles, invites and
-//! the relay-signed metadata (`rules`), and managed agents registered by
-//! their owner's attestation (`agents`, NIP-OA).
+//! Channels (NIP-29) and who is in them: the rules of each kind (`rules`:
+//! membership, roles, invites, deletions, `previous`), a channel as stored
+//! (`state`), the relay-signed metadata (`metadata`), and managed agents
+//! registered by their owner's attestation (`agents`, NIP-OA).
 //!
 //! May use: `workflow` (a channel message starts runs; a removed owner's
 //! workflows pause), `events`, `persistence`, `refusal`, `config`.
 
 pub mod agents;
+pub mod metadata;
 pub mod rules;
+pub mod state;

@@ -5,125 +5,21 @@
 //! Every change to one channel is serialised by a lock on the channel, so
 //! membership decisions and metadata never interleave across processes.
 
-use std::collections::BTreeMap;
-
-use nostr::prelude::{Event, EventBuilder, Keys, Kind, PublicKey, Tag, Timestamp};
+use nostr::prelude::{Event, Keys, PublicKey};
 
 use crate::config::ChannelPolicy;
-use crate::events::rules as events;
 use crate::events::InsertOutcome;
 use crate::persistence::db::{Tx, Q};
 use crate::persistence::StoreError;
 use crate::workflow::definitions::Upsert;
 
+use super::metadata::{republish, republishes};
+use super::state::{load, lock_key, put_member, remove_member, ChannelView, Published, Role};
 pub use protocol::nip29::{
     changes_channel, h_tag, CREATE_GROUP, CREATE_INVITE, DELETE_EVENT, DELETE_GROUP, EDIT_METADATA,
     GROUP_ADMINS, GROUP_MEMBERS, GROUP_METADATA, GROUP_ROLES, JOIN_REQUEST, LEAVE_REQUEST,
     MAX_CHANNEL_ID_BYTES, MAX_INVITE_CODE_BYTES, PREVIOUS_WINDOW, PUT_USER, REMOVE_USER,
 };
-
-/// A member's role.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    Admin,
-    Member,
-}
-
-impl Role {
-    fn as_str(self) -> &'static str {
-        match self {
-            Role::Admin => "admin",
-            Role::Member => "member",
-        }
-    }
-}
-
-/// A channel as stored.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ChannelView {
-    pub id: String,
-    pub name: String,
-    pub about: String,
-    pub picture: String,
-    pub private: bool,
-    pub closed: bool,
-    pub deleted: bool,
-    /// Member -> role, ordered (so metadata events are deterministic).
-    pub members: BTreeMap<[u8; 32], Role>,
-    pub metadata_at: i64,
-}
-
-impl ChannelView {
-    pub fn role_of(&self, pk: &PublicKey) -> Option<Role> {
-        self.members.get(&pk.to_bytes()).copied()
-    }
-
-    pub fn is_member(&self, pk: &PublicKey) -> bool {
-        self.role_of(pk).is_some()
-    }
-}
-
-/// Events to announce after commit.
-pub type Published = Vec<(Event, String)>;
-
-/// Whether storing an event of `kind` may make the relay sign and store
-/// fresh channel metadata (39000-39002) with the community key: the kinds
-/// whose `apply` arm re-publishes. Batches lock the community key up front
-/// for these (`Call::lock_keys`), and only these.
-pub fn republishes(kind: u16) -> bool {
-    matches!(
-        kind,
-        PUT_USER | REMOVE_USER | EDIT_METADATA | CREATE_GROUP | JOIN_REQUEST | LEAVE_REQUEST
-    )
-}
-
-/// The key of the lock ([`Tx::lock`]) that serialises every change to one
-/// channel.
-pub(crate) fn lock_key(community: &str, channel: &str) -> String {
-    format!("{community}:channel:{channel}")
-}
-
-/// Loads a channel with its members.
-pub async fn load(tx: &mut Tx<'_>, community: &str, id: &str) -> Result<Option<ChannelView>, StoreError> {
-    let row = tx
-        .one(
-            Q::new(
-                "SELECT name, about, picture, private, closed, deleted, metadata_at FROM channels \
-                 WHERE community_id = $1 AND id = $2",
-            )
-            .bind(community)
-            .bind(id),
-        )
-        .await?;
-    let Some(row) = row else { return Ok(None) };
-    let mut members = BTreeMap::new();
-    for m in tx
-        .all(
-            Q::new("SELECT pubkey, role FROM channel_members WHERE community_id = $1 AND channel_id = $2")
-                .bind(community)
-                .bind(id),
-        )
-        .await?
-    {
-        let role = if m.text("role")? == "admin" {
-            Role::Admin
-        } else {
-            Role::Member
-        };
-        members.insert(m.id32("pubkey")?, role);
-    }
-    Ok(Some(ChannelView {
-        id: id.to_string(),
-        name: row.text("name")?,
-        about: row.text("about")?,
-        picture: row.text("picture")?,
-        private: row.bool("private")?,
-        closed: row.bool("closed")?,
-        deleted: row.bool("deleted")?,
-        members,
-        metadata_at: row.int("metadata_at")?,
-    }))
-}
 
 fn tag_value<'e>(event: &'e Event, name: &str) -> Option<&'e str> {
     event
@@ -149,54 +45,6 @@ fn targets(event: &Event) -> Vec<(PublicKey, Option<String>)> {
             Some((pk, s.get(2).cloned()))
         })
         .collect()
-}
-
-async fn put_member(
-    tx: &mut Tx<'_>,
-    community: &str,
-    channel: &str,
-    pk: &PublicKey,
-    role: Role,
-    now: i64,
-) -> Result<(), StoreError> {
-    tx.exec(
-        Q::new(
-            "INSERT INTO channel_members (community_id, channel_id, pubkey, role, added_at) VALUES ($1, $2, $3, $4, $5) \
-             ON CONFLICT (community_id, channel_id, pubkey) DO UPDATE SET role = excluded.role",
-        )
-        .bind(community)
-        .bind(channel)
-        .bind(pk.to_bytes())
-        .bind(role.as_str())
-        .bind(now),
-    )
-    .await?;
-    tx.exec(
-        Q::new(
-            "DELETE FROM channel_join_requests WHERE community_id = $1 AND channel_id = $2 AND pubkey = $3",
-        )
-        .bind(community)
-        .bind(channel)
-        .bind(pk.to_bytes()),
-    )
-    .await?;
-    Ok(())
-}
-
-async fn remove_member(
-    tx: &mut Tx<'_>,
-    community: &str,
-    channel: &str,
-    pk: &PublicKey,
-) -> Result<(), StoreError> {
-    tx.exec(
-        Q::new("DELETE FROM channel_members WHERE community_id = $1 AND channel_id = $2 AND pubkey = $3")
-            .bind(community)
-            .bind(channel)
-            .bind(pk.to_bytes()),
-    )
-    .await?;
-    Ok(())
 }
 
 /// What a channel event asks for, decided before anything is written.
@@ -365,14 +213,14 @@ async fn workflow_effects(
         }
     }
     if kind == protocol::workflow::MESSAGE_KIND {
-        crate::workflow::definitions::on_message(tx, community, &keys.public_key(), event, channel).await?;
+        crate::workflow::triggers::on_message(tx, community, &keys.public_key(), event, channel).await?;
     }
     if kind == protocol::approval::REACTION_KIND {
         if let Some(run) = crate::workflow::approvals::on_reaction(tx, community, event, channel).await? {
             let wake = format!("approval:{}", event.id.to_hex());
             crate::delivery::deliveries::poke(tx, community, &run, &wake).await?;
         }
-        crate::workflow::definitions::on_reaction(tx, community, &keys.public_key(), event, channel).await?;
+        crate::workflow::triggers::on_reaction(tx, community, &keys.public_key(), event, channel).await?;
     }
     Ok(None)
 }
@@ -655,104 +503,6 @@ async fn edit(
     )
     .await?;
     Ok(())
-}
-
-/// Signs and stores fresh 39000/39001/39002 for a channel (those asked for),
-/// with `created_at` strictly after the previous ones so that they replace them.
-async fn republish(
-    tx: &mut Tx<'_>,
-    community: &str,
-    keys: &Keys,
-    channel: &str,
-    now: i64,
-    (meta, admins, members): (bool, bool, bool),
-) -> Result<Published, StoreError> {
-    let c = load(tx, community, channel)
-        .await?
-        .ok_or_else(|| StoreError::Corrupt("channel vanished".into()))?;
-    let at = now.max(c.metadata_at + 1);
-    tx.exec(
-        Q::new("UPDATE channels SET metadata_at = $3 WHERE community_id = $1 AND id = $2")
-            .bind(community)
-            .bind(channel)
-            .bind(at),
-    )
-    .await?;
-    let d = Tag::identifier(channel);
-    let mut out = Vec::new();
-    let emit = |kind: u16, tags: Vec<Tag>| -> Event {
-        protocol::sign::sign(
-            EventBuilder::new(Kind::from_u16(kind), "")
-                .tags(tags)
-                .custom_created_at(Timestamp::from_secs(u64::try_from(at).unwrap_or(0))),
-            keys,
-        )
-    };
-    let mut events = Vec::new();
-    if meta {
-        let mut tags = vec![
-            d.clone(),
-            Tag::custom("name", [c.name.as_str()]),
-            Tag::custom("about", [c.about.as_str()]),
-        ];
-        if !c.picture.is_empty() {
-            tags.push(Tag::custom("picture", [c.picture.as_str()]));
-        }
-        tags.push(Tag::custom(
-            if c.private { "private" } else { "public" },
-            Vec::<String>::new(),
-        ));
-        tags.push(Tag::custom(
-            if c.closed { "closed" } else { "open" },
-            Vec::<String>::new(),
-        ));
-        events.push(emit(GROUP_METADATA, tags));
-        events.push(emit(
-            GROUP_ROLES,
-            vec![
-                d.clone(),
-                Tag::custom(
-                    "role",
-                    [
-                        "admin",
-                        "adds and removes members, edits metadata, deletes events, creates invites",
-                    ],
-                ),
-                Tag::custom("role", ["member", "posts in the channel"]),
-            ],
-        ));
-    }
-    let member_tags = |only_admins: bool| -> Vec<Tag> {
-        let mut tags = vec![d.clone()];
-        for (pk, role) in &c.members {
-            if only_admins && *role != Role::Admin {
-                continue;
-            }
-            let hexpk = hex::encode(pk);
-            tags.push(if only_admins {
-                Tag::custom("p", [hexpk, "admin".into()])
-            } else {
-                Tag::custom("p", [hexpk])
-            });
-        }
-        tags
-    };
-    if admins {
-        events.push(emit(GROUP_ADMINS, member_tags(true)));
-    }
-    if members {
-        events.push(emit(GROUP_MEMBERS, member_tags(false)));
-    }
-    for e in events {
-        let raw = serde_json::to_string(&e).map_err(|err| StoreError::Corrupt(err.to_string()))?;
-        let outcome = events::insert(tx, community, &e, &raw, Some(channel))
-            .await?
-            .of_no_deletion();
-        if outcome == InsertOutcome::Stored {
-            out.push((e, raw));
-        }
-    }
-    Ok(out)
 }
 
 #[cfg(test)]

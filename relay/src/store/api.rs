@@ -55,7 +55,7 @@ impl Store {
     /// Fires due schedule slots; returns new runs.
     pub async fn fire_schedules(&self, community: &str) -> Result<Vec<String>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let runs = workflows::fire_schedules(&mut tx, community).await?;
+        let runs = crate::workflow::triggers::fire_schedules(&mut tx, community).await?;
         tx.commit().await?;
         Ok(runs)
     }
@@ -80,7 +80,8 @@ impl Store {
             Some(t) if t != trigger => return Err(Refusal::WrongTrigger(t).into()),
             Some(_) => {}
         }
-        let run = workflows::create_run(&mut tx, community, workflow_id, &cause, context).await?;
+        let run =
+            crate::workflow::triggers::create_run(&mut tx, community, workflow_id, &cause, context).await?;
         tx.commit().await?;
         Ok(run)
     }

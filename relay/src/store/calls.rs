@@ -9,7 +9,7 @@ use nostr::prelude::{Event, Keys, PublicKey};
 use protocol::api::{ClaimRequest, FinishRequest, OperationRequest, Outcome, RenewRequest};
 
 use crate::channels::rules as channels;
-use crate::channels::rules::Published;
+use crate::channels::state::Published;
 use crate::config::{ChannelPolicy, DeliveryConfig};
 use crate::delivery::deliveries;
 use crate::delivery::deliveries::Finished;
@@ -240,9 +240,9 @@ impl WriteCall for ChannelEvent {
     fn lock_keys(&self) -> Vec<String> {
         let mut out = vec![author_lock_key(&self.community, &self.event.pubkey)];
         if let Some(channel) = channels::h_tag(&self.event) {
-            out.push(channels::lock_key(&self.community, channel));
+            out.push(crate::channels::state::lock_key(&self.community, channel));
         }
-        if channels::republishes(self.event.kind.as_u16()) {
+        if crate::channels::metadata::republishes(self.event.kind.as_u16()) {
             out.push(author_lock_key(&self.community, &self.keys.public_key()));
         }
         out

@@ -24,7 +24,7 @@ pub(crate) mod writer;
 
 pub use crate::admin::communities::CommunityRecord;
 pub use crate::admin::overview::Gauges;
-pub use crate::channels::rules::{ChannelView, Published};
+pub use crate::channels::state::{ChannelView, Published};
 pub use crate::events::{InsertOutcome, Page, PageRows, ReadScope, StoredEvent};
 use crate::persistence::{db, postgres, sqlite};
 pub use crate::persistence::{OpenMode, RemoteEvent, StoreError};

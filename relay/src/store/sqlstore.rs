@@ -15,8 +15,8 @@ use tokio::sync::oneshot;
 
 use crate::admin::communities;
 use crate::admin::communities::CommunityRecord;
-use crate::channels::rules::ChannelView;
-use crate::channels::rules::Published;
+use crate::channels::state::ChannelView;
+use crate::channels::state::Published;
 use crate::config::{ChannelPolicy, DeliveryConfig, WriterConfig};
 use crate::events::query as sql;
 use crate::events::InsertOutcome;
@@ -220,7 +220,7 @@ impl Store {
     /// A channel and its members.
     pub async fn channel(&self, community: &str, id: &str) -> Result<Option<ChannelView>, StoreError> {
         let mut tx = self.pool.read().await?;
-        crate::channels::rules::load(&mut tx, community, id).await
+        crate::channels::state::load(&mut tx, community, id).await
     }
 
     /// Stores a kind 0 carrying a valid NIP-OA attestation, recording

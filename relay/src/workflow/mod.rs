@@ -19,4 +19,5 @@ pub mod outcalls;
 pub mod request_approval;
 pub mod runs;
 pub mod step;
+pub mod triggers;
 pub mod views;
