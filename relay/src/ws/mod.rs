@@ -1,0 +1,383 @@
+//! One WebSocket connection: NIP-01 messages in, answers and live events out.
+//!
+//! The connection task owns all per-connection state (auth, subscriptions,
+//! rate bucket) and handles one client message at a time, so answers go out
+//! in the order requests came in. Live events arrive on the community's
+//! broadcast channel and are matched here; the socket is written by a
+//! separate task (see [`crate::outbound`]).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::ws::{Message, WebSocket};
+use futures_util::future::BoxFuture;
+use futures_util::stream::FuturesOrdered;
+use futures_util::StreamExt;
+use nostr::prelude::{Event, Filter, MatchEventOptions, PublicKey};
+use protocol::kinds::{self};
+use protocol::message::{ClientMessage, ParseError};
+use serde_json::json;
+use tokio::sync::broadcast;
+use tokio::sync::broadcast::error::RecvError;
+
+use crate::clock::unix_now;
+use crate::community::Community;
+use crate::hub::Published;
+use crate::outbound::{self, Outbound, Overflow};
+use crate::ratelimit::TokenBucket;
+use crate::state::AppState;
+use crate::store::InsertOutcome;
+use crate::verify;
+
+mod event;
+mod read;
+
+/// WebSocket close code for a message above the hard size cap.
+const CLOSE_TOO_BIG: u16 = 1009;
+/// WebSocket close code sent on shutdown.
+const CLOSE_GOING_AWAY: u16 = 1001;
+/// WebSocket close code for a policy violation (slow reader, lagging).
+const CLOSE_POLICY: u16 = 1008;
+
+struct Subscription {
+    filters: Vec<Filter>,
+    /// Each filter's NIP-50 query, parsed once (`None`: no words).
+    searches: Vec<Option<protocol::search::Query>>,
+    /// Hub sequence when the stored query began; live events at or below it
+    /// were committed before the query and are not sent again.
+    seq_floor: u64,
+    /// Its share of the relay's live search work (`None`: no search).
+    searching: Option<crate::livesearch::Hold>,
+}
+
+/// Live matching: every field of a filter but `search`, which is matched
+/// as the stores read it ([`protocol::search::Query`]), not as a substring.
+const LIVE_MATCH: MatchEventOptions = MatchEventOptions {
+    nip50: false,
+    ..MatchEventOptions::new()
+};
+
+/// Whether a REQ is complete at EOSE: every filter asks for events by id
+/// and every id it asks for was `sent` (an event's id fixes its content,
+/// so nothing published later can match). A REQ by ids whose event is not
+/// stored yet stays live: clients subscribe to an id and then publish it.
+fn is_complete(filters: &[Filter], sent: &HashSet<[u8; 32]>) -> bool {
+    crate::req::names_ids(filters)
+        && filters
+            .iter()
+            .flat_map(|f| f.ids.iter().flatten())
+            .all(|id| sent.contains(id.as_bytes()))
+}
+
+struct Conn {
+    state: Arc<AppState>,
+    community: Arc<Community>,
+    /// Normalised host this connection was made to.
+    host: String,
+    challenge: String,
+    authed: Option<PublicKey>,
+    subs: HashMap<String, Subscription>,
+    /// Open NIP-77 syncs, at most `limits.max_sync_sessions`.
+    syncs: HashMap<String, Box<crate::neg::Session>>,
+    /// The community's live events, only while there is a subscription:
+    /// every published event wakes every receiver, and a connection that
+    /// only publishes (or idles) has nothing to do with them. Before, with
+    /// 256 connections publishing, each accepted event woke all 256.
+    live: Option<broadcast::Receiver<Arc<Published>>>,
+    bucket: TokenBucket,
+    out: Outbound,
+    /// EVENTs being verified (concurrently), answered in arrival order.
+    verifying: FuturesOrdered<BoxFuture<'static, Verified>>,
+    /// Verified EVENTs queued for the store's batch writer, in arrival order.
+    storing: FuturesOrdered<BoxFuture<'static, Stored>>,
+}
+
+type Verified = (Arc<Event>, Arc<str>, Result<(), verify::VerifyError>);
+type Stored = (
+    Arc<Event>,
+    Arc<str>,
+    Result<InsertOutcome, crate::store::StoreError>,
+);
+
+/// Why the connection loop stops.
+enum Stop {
+    Overflow,
+}
+
+impl From<Overflow> for Stop {
+    fn from(_: Overflow) -> Self {
+        Stop::Overflow
+    }
+}
+
+/// Counts an open connection in `relay_connections` while it lives.
+struct OpenConnection;
+
+impl OpenConnection {
+    fn new() -> OpenConnection {
+        metrics::gauge!(crate::telemetry::CONNECTIONS).increment(1.0);
+        OpenConnection
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        metrics::gauge!(crate::telemetry::CONNECTIONS).decrement(1.0);
+    }
+}
+
+/// Runs a connection to completion.
+pub async fn run(socket: WebSocket, state: Arc<AppState>, community: Arc<Community>, host: String) {
+    let limits = &state.cfg.limits;
+    // Events of this connection verified or stored at once, at most.
+    let max_inflight = limits.max_inflight_events;
+    assert!(max_inflight > 0, "validated at load");
+    let (sink, mut stream) = socket.split();
+    let (out, writer) = outbound::spawn(sink, limits.max_outbound_bytes, state.output.clone());
+    let mut conn = Conn {
+        bucket: TokenBucket::new(limits.events_per_second, limits.events_burst),
+        challenge: hex::encode(rand::random::<[u8; 16]>()),
+        state: state.clone(),
+        community,
+        host,
+        authed: None,
+        subs: HashMap::new(),
+        syncs: HashMap::new(),
+        live: None,
+        out,
+        verifying: FuturesOrdered::new(),
+        storing: FuturesOrdered::new(),
+    };
+    let shutdown = state.shutdown.clone();
+    let _ = conn.out.text(json!(["AUTH", conn.challenge]).to_string());
+    let _open = OpenConnection::new();
+
+    loop {
+        let step: Result<bool, Stop> = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => {
+                conn.out.close(CLOSE_GOING_AWAY, "relay shutting down");
+                break;
+            }
+            _ = conn.out.failed() => break,
+            Some(done) = conn.storing.next(), if !conn.storing.is_empty() => conn.after_store(done).map(|_| true),
+            Some(checked) = conn.verifying.next(), if !conn.verifying.is_empty() => {
+                conn.after_verify(checked).await.map(|_| true)
+            }
+            // Live events before the socket: polling the socket costs a
+            // read-buffer fill (tungstenite zeroes it) even when nothing
+            // came, and a live event is the usual reason this task woke.
+            // The socket still gets its turn whenever no live event waits,
+            // and the live backlog is bounded by `fanout_buffer_events`.
+            item = next_live(&mut conn.live) => match item {
+                Ok(p) => conn.on_live(&p).await.map(|_| true),
+                Err(RecvError::Lagged(n)) => {
+                    tracing::warn!(community = %conn.community.id, missed = n, "subscriber fell behind live fan-out");
+                    let _ = conn.notice("error: connection fell behind the live event stream and is closed");
+                    conn.out.close(CLOSE_POLICY, "too slow");
+                    break;
+                }
+                Err(RecvError::Closed) => Ok(false),
+            },
+            msg = stream.next(), if conn.verifying.len() + conn.storing.len() < max_inflight => match msg {
+                None | Some(Ok(Message::Close(_))) => Ok(false),
+                Some(Err(e)) => {
+                    if is_capacity_error(&e) {
+                        conn.out.close(CLOSE_TOO_BIG, "invalid: message exceeds the hard size limit");
+                    }
+                    Ok(false)
+                }
+                Some(Ok(Message::Text(text))) => conn.on_text(text.as_str()).await.map(|_| true),
+                Some(Ok(Message::Binary(_))) => conn
+                    .notice("invalid: binary messages are not supported")
+                    .map(|_| true)
+                    .map_err(Stop::from),
+                Some(Ok(_)) => Ok(true), // ping/pong are answered by the library
+            },
+        };
+        if conn.subs.is_empty() {
+            conn.live = None;
+        }
+        match step {
+            Ok(true) => {}
+            Ok(false) => {
+                conn.out.close(1000, "");
+                break;
+            }
+            Err(Stop::Overflow) => {
+                tracing::info!(community = %conn.community.id, "slow reader disconnected");
+                writer.abort();
+                return;
+            }
+        }
+    }
+    drop(conn);
+    // Let the writer flush what is queued (ending with the close frame).
+    let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
+}
+
+fn is_capacity_error(e: &axum::Error) -> bool {
+    let text = e.to_string().to_ascii_lowercase();
+    text.contains("capacity") || text.contains("too long") || text.contains("too big")
+}
+
+impl Conn {
+    fn send(&self, v: serde_json::Value) -> Result<(), Overflow> {
+        self.out.text(v.to_string())
+    }
+
+    fn notice(&self, msg: &str) -> Result<(), Overflow> {
+        self.send(json!(["NOTICE", msg]))
+    }
+
+    /// The `OK` of an EVENT (counted in `relay_events_received_total`).
+    fn ok(&self, id: &str, accepted: bool, msg: &str) -> Result<(), Overflow> {
+        let outcome = crate::telemetry::outcome(accepted, msg);
+        metrics::counter!(crate::telemetry::EVENTS_RECEIVED, "outcome" => outcome).increment(1);
+        self.send(json!(["OK", id, accepted, msg]))
+    }
+
+    /// The `OK` of an AUTH (not an event received).
+    fn auth_ok(&self, id: &str, accepted: bool, msg: &str) -> Result<(), Overflow> {
+        self.send(json!(["OK", id, accepted, msg]))
+    }
+
+    fn closed(&self, sub_id: &str, msg: &str) -> Result<(), Overflow> {
+        self.send(json!(["CLOSED", sub_id, msg]))
+    }
+
+    fn limits(&self) -> &crate::config::Limits {
+        &self.state.cfg.limits
+    }
+
+    async fn on_text(&mut self, text: &str) -> Result<(), Stop> {
+        let max = self.limits().max_message_bytes;
+        let parsed = protocol::message::parse(text);
+        if text.len() > max {
+            let why = format!(
+                "invalid: message of {} bytes exceeds max_message_bytes {max}",
+                text.len()
+            );
+            match parsed {
+                Ok(ClientMessage::Event(e)) => self.ok(&e.event.id.to_hex(), false, &why)?,
+                Ok(ClientMessage::Auth(e)) => self.ok(&e.id.to_hex(), false, &why)?,
+                Err(ParseError::Event { event_id, .. }) => self.ok(&event_id, false, &why)?,
+                Ok(ClientMessage::Req { sub_id, .. }) | Ok(ClientMessage::Count { sub_id, .. }) => {
+                    self.closed(&sub_id, &why)?
+                }
+                _ => self.notice(&why)?,
+            }
+            return Ok(());
+        }
+        match parsed {
+            Err(ParseError::Envelope(reason)) => self.notice(&format!("invalid: {reason}"))?,
+            Err(ParseError::Event { event_id, reason }) => {
+                self.ok(&event_id, false, &format!("invalid: {reason}"))?
+            }
+            Err(ParseError::Subscription { sub_id, reason, verb }) if verb.starts_with("NEG-") => {
+                self.syncs.remove(&sub_id);
+                self.neg_err(&sub_id, &format!("invalid: {reason}"))?
+            }
+            Err(ParseError::Subscription { sub_id, reason, .. }) => {
+                self.closed(&sub_id, &format!("invalid: {reason}"))?
+            }
+            Ok(ClientMessage::Event(incoming)) => self.on_event(*incoming).await?,
+            Ok(ClientMessage::Req { sub_id, filters }) => self.on_req(sub_id, filters).await?,
+            Ok(ClientMessage::Count { sub_id, filters }) => self.on_count(sub_id, filters).await?,
+            Ok(ClientMessage::Close { sub_id }) => {
+                self.subs.remove(&sub_id);
+            }
+            Ok(ClientMessage::Auth(event)) => self.on_auth(Arc::new(*event)).await?,
+            Ok(ClientMessage::NegOpen {
+                sub_id,
+                filter,
+                message,
+            }) => self.on_neg_open(sub_id, *filter, message).await?,
+            Ok(ClientMessage::NegMsg { sub_id, message }) => self.on_neg_msg(sub_id, message).await?,
+            Ok(ClientMessage::NegClose { sub_id }) => {
+                self.syncs.remove(&sub_id);
+            }
+        }
+        Ok(())
+    }
+
+    async fn on_auth(&mut self, event: Arc<Event>) -> Result<(), Stop> {
+        let id = event.id.to_hex();
+        if event.kind.as_u16() != kinds::CLIENT_AUTH {
+            return Ok(self.auth_ok(&id, false, "invalid: AUTH event must be kind 22242")?);
+        }
+        if let Err(e) = verify::verify(event.clone(), verify::IdCheck::Recompute).await {
+            return Ok(self.auth_ok(&id, false, e.message())?);
+        }
+        let tag_value = |name: &str| {
+            event
+                .tags
+                .iter()
+                .find(|t| t.kind() == name)
+                .and_then(|t| t.content())
+                .map(str::to_string)
+        };
+        if tag_value("challenge").as_deref() != Some(self.challenge.as_str()) {
+            return Ok(self.auth_ok(&id, false, "invalid: challenge does not match this connection's")?);
+        }
+        let expected = self.community.websocket_url(&self.host);
+        let relay_ok = tag_value("relay").is_some_and(|r| same_relay_url(&r, &expected));
+        if !relay_ok {
+            return Ok(self.auth_ok(&id, false, &format!("invalid: relay tag must be {expected}"))?);
+        }
+        let now = unix_now();
+        let age = now.abs_diff(event.created_at.as_secs());
+        if age > self.limits().auth_max_age_secs {
+            return Ok(self.auth_ok(&id, false, "invalid: AUTH event created_at is too far from now")?);
+        }
+        let moderation = self.state.moderation.get(&self.community).await;
+        if moderation.bans.pubkeys.contains(&event.pubkey.to_bytes()) {
+            return Ok(self.auth_ok(&id, false, "blocked: this pubkey is banned in this community")?);
+        }
+        self.authed = Some(event.pubkey);
+        Ok(self.auth_ok(&id, true, "")?)
+    }
+}
+
+/// The next live event, or never when the connection has no receiver.
+async fn next_live(
+    live: &mut Option<broadcast::Receiver<Arc<Published>>>,
+) -> Result<Arc<Published>, RecvError> {
+    match live {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Compares relay URLs the way NIP-42 clients write them: scheme and host
+/// case-insensitive, a trailing slash ignored, default ports ignored.
+fn same_relay_url(given: &str, expected: &str) -> bool {
+    let norm = |s: &str| -> Option<(String, String, String)> {
+        let u = url::Url::parse(s.trim()).ok()?;
+        let host = u.host_str()?.to_ascii_lowercase();
+        let hostport = match u.port() {
+            Some(p) => format!("{host}:{p}"),
+            None => host,
+        };
+        let path = u.path().trim_end_matches('/').to_string();
+        Some((u.scheme().to_string(), hostport, path))
+    };
+    matches!((norm(given), norm(expected)), (Some(a), Some(b)) if a == b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_relay_url;
+
+    #[test]
+    fn relay_urls() {
+        assert!(same_relay_url("ws://127.0.0.1:7777", "ws://127.0.0.1:7777"));
+        assert!(same_relay_url("ws://127.0.0.1:7777/", "ws://127.0.0.1:7777"));
+        assert!(same_relay_url("WSS://Example.com", "wss://example.com"));
+        assert!(same_relay_url("wss://example.com:443", "wss://example.com"));
+        assert!(!same_relay_url("ws://example.com", "wss://example.com"));
+        assert!(!same_relay_url("wss://other.com", "wss://example.com"));
+        assert!(!same_relay_url("not a url", "wss://example.com"));
+    }
+}
