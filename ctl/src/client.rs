@@ -7,6 +7,9 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context};
 use futures_util::{SinkExt, StreamExt};
 use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, Tag};
+use protocol::api::ErrorBody;
+use protocol::nip86::Response;
+use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
 
@@ -52,9 +55,15 @@ impl Relay {
         })
     }
 
-    /// A NIP-98 signed call; the JSON answer of a 2xx, else an error with
-    /// the relay's code and message and a hint.
-    pub async fn call(&self, method: &str, path: &str, body: Option<&Value>) -> anyhow::Result<Value> {
+    /// A NIP-98 signed call; the answer of a 2xx read as `T` (a type of
+    /// `protocol::api`), else an error with the relay's code and message
+    /// and a hint.
+    pub async fn call<T: DeserializeOwned>(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> anyhow::Result<T> {
         let bytes = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
         let url = format!("{}{path}", self.http);
         let auth = protocol::nip98::header(&self.keys, method, &url, &bytes);
@@ -66,20 +75,25 @@ impl Relay {
         let resp = req.send().await.map_err(|e| unreachable_relay(&self.http, e))?;
         let status = resp.status().as_u16();
         let text = resp.text().await.unwrap_or_default();
-        let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
         if (200..300).contains(&status) {
-            return Ok(v);
+            return serde_json::from_str(&text)
+                .with_context(|| format!("{method} {path}: an answer this relayctl does not read: {text}"));
         }
-        let code = v["error"].as_str().unwrap_or("error");
-        let message = v["message"].as_str().unwrap_or_default();
+        let refusal: ErrorBody = serde_json::from_str(&text).unwrap_or(ErrorBody {
+            error: "error".into(),
+            message: text,
+        });
         bail!(
-            "{method} {path}: HTTP {status} {code}: {message}{}",
-            hint(status, code)
+            "{method} {path}: HTTP {status} {}: {}{}",
+            refusal.error,
+            refusal.message,
+            hint(status, &refusal.error)
         )
     }
 
-    /// A management call (NIP-86): the `result`, or the relay's `error`.
-    pub async fn rpc(&self, method: &str, params: Value) -> anyhow::Result<Value> {
+    /// A management call (NIP-86): its `result` read as `T`, or the
+    /// relay's `error`.
+    pub async fn rpc<T: DeserializeOwned>(&self, method: &str, params: Value) -> anyhow::Result<T> {
         let body = json!({"method": method, "params": params}).to_string();
         let url = format!("{}/", self.http);
         let auth = protocol::nip98::header(&self.keys, "POST", &url, body.as_bytes());
@@ -94,11 +108,19 @@ impl Relay {
             .map_err(|e| unreachable_relay(&self.http, e))?;
         let status = resp.status().as_u16();
         let text = resp.text().await.unwrap_or_default();
-        let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        match v.get("error").and_then(Value::as_str) {
-            None if (200..300).contains(&status) => Ok(v["result"].clone()),
-            error => {
-                let error = error.or(v["message"].as_str()).unwrap_or("no answer");
+        let answer: Option<Response> = serde_json::from_str(&text).ok();
+        match answer {
+            Some(Response { result, error: None }) if (200..300).contains(&status) => {
+                serde_json::from_value(result)
+                    .with_context(|| format!("{method}: an answer this relayctl does not read: {text}"))
+            }
+            answer => {
+                let error = answer.and_then(|a| a.error).unwrap_or(text);
+                let error = if error.is_empty() {
+                    "no answer".to_string()
+                } else {
+                    error
+                };
                 let code = error.split(':').next().unwrap_or_default();
                 bail!("{method}: HTTP {status} {error}{}", hint(status, code))
             }

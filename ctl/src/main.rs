@@ -15,7 +15,13 @@ use nostr::prelude::{EventBuilder, FinalizeEvent, Keys, Kind, Tag, ToBech32};
 use serde_json::{json, Value};
 
 use client::Relay;
-use show::{cell, fields, table, when};
+use protocol::api::{
+    DeliveryDetail, DeliveryView, Me, RunStarted, RunView, RunsPage, SecretStored, WebhookSecret,
+};
+use protocol::nip86::{DeliveryChanged, EventEntry, PubkeyEntry, RunChanged, WorkflowChanged};
+use serde::de::IgnoredAny;
+use serde::Serialize;
+use show::{fields, or_dash, table, when};
 
 #[derive(Parser)]
 #[command(
@@ -205,10 +211,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let relay = Relay::new(&cli.relay, keys.clone())?;
     match cli.command {
         Command::Keygen { .. } => unreachable!("handled above"),
-        Command::Whoami => out.fields(
-            &relay.call("GET", "/me", None).await?,
-            &["pubkey", "community", "agent_owner", "channels"],
-        ),
+        Command::Whoami => {
+            let me: Me = relay.call("GET", "/me", None).await?;
+            out.fields(
+                &me,
+                &[
+                    ("pubkey", me.pubkey.clone()),
+                    ("community", me.community.clone()),
+                    ("agent_owner", or_dash(me.agent_owner.as_deref())),
+                    ("channels", me.channels.join(" ")),
+                ],
+            )
+        }
         Command::Workflow { command } => workflow(&relay, &keys, out, command).await?,
         Command::Runs { command } => runs(&relay, out, command).await?,
         Command::Deliveries { command } => deliveries(&relay, out, command).await?,
@@ -217,12 +231,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 BanCommand::Pubkey { pubkey, reason } => ("banpubkey", hex_pubkey(&pubkey)?, reason),
                 BanCommand::Event { id, reason } => ("banevent", id, reason),
             };
-            relay.rpc(method, json!([value, reason])).await?;
+            relay.rpc::<IgnoredAny>(method, json!([value, reason])).await?;
             out.done(&format!("{method} {value}: done"));
         }
         Command::Allow { pubkey, reason } => {
             let value = hex_pubkey(&pubkey)?;
-            relay.rpc("allowpubkey", json!([value, reason])).await?;
+            relay
+                .rpc::<IgnoredAny>("allowpubkey", json!([value, reason]))
+                .await?;
             out.done(&format!("allowpubkey {value}: done"));
         }
         Command::Bans => bans(&relay, out).await?,
@@ -231,16 +247,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 bail!("say --name, --description or both");
             }
             if let Some(n) = name {
-                relay.rpc("changerelayname", json!([n])).await?;
+                relay.rpc::<IgnoredAny>("changerelayname", json!([n])).await?;
             }
             if let Some(d) = description {
-                relay.rpc("changerelaydescription", json!([d])).await?;
+                relay
+                    .rpc::<IgnoredAny>("changerelaydescription", json!([d]))
+                    .await?;
             }
             out.done("changed");
         }
         Command::Methods => {
-            let methods = relay.rpc("supportedmethods", json!([])).await?;
-            out.list(&methods, |v| println!("{}", cell(v)));
+            let methods: Vec<String> = relay.rpc("supportedmethods", json!([])).await?;
+            out.list(&methods, |m| println!("{m}"));
         }
     }
     Ok(())
@@ -253,11 +271,20 @@ struct Out {
 }
 
 impl Out {
-    fn fields(self, v: &Value, names: &[&str]) {
+    /// `answer` as JSON, or its `rows` as `name  value` lines.
+    fn fields(self, answer: &impl Serialize, rows: &[(&str, String)]) {
         if self.json {
-            println!("{v}");
+            self.json(answer);
         } else {
-            fields(v, names, show::now());
+            fields(rows);
+        }
+    }
+
+    /// The answer as the relay gave it (read into its type, written back).
+    fn json(self, answer: &impl Serialize) {
+        match serde_json::to_string(answer) {
+            Ok(text) => println!("{text}"),
+            Err(e) => eprintln!("relayctl: writing the answer as JSON: {e}"),
         }
     }
 
@@ -269,11 +296,11 @@ impl Out {
         }
     }
 
-    fn list(self, v: &Value, each: impl Fn(&Value)) {
+    fn list<T: Serialize>(self, items: &[T], each: impl Fn(&T)) {
         if self.json {
-            println!("{v}");
+            self.json(&items);
         } else {
-            v.as_array().into_iter().flatten().for_each(each);
+            items.iter().for_each(each);
         }
     }
 }
@@ -370,7 +397,7 @@ async fn workflow(relay: &Relay, keys: &Keys, out: Out, command: WorkflowCommand
             ));
         }
         WorkflowCommand::WebhookSecret { id } => {
-            let v = relay
+            let v: WebhookSecret = relay
                 .call(
                     "POST",
                     &format!("/workflows/{id}/webhook-secret"),
@@ -378,9 +405,9 @@ async fn workflow(relay: &Relay, keys: &Keys, out: Out, command: WorkflowCommand
                 )
                 .await?;
             if out.json {
-                println!("{v}");
+                out.json(&v);
             } else {
-                println!("{}", cell(&v["secret"]));
+                println!("{}", v.secret);
                 eprintln!("shown once: callers send it as `Authorization: Bearer <secret>` to /hooks/{id}");
             }
         }
@@ -394,22 +421,26 @@ async fn workflow(relay: &Relay, keys: &Keys, out: Out, command: WorkflowCommand
                 bail!("standard input was empty: pipe the secret's value in");
             }
             let path = format!("/workflows/{id}/secrets/{name}");
-            relay.call("PUT", &path, Some(&json!({"value": value}))).await?;
+            relay
+                .call::<SecretStored>("PUT", &path, Some(&json!({"value": value})))
+                .await?;
             out.done(&format!("secret {name} of workflow {id} set"));
         }
         WorkflowCommand::Run { id, input } => {
             let input: Value = serde_json::from_str(&input).context("--input must be a JSON object")?;
-            let v = relay
+            let v: RunStarted = relay
                 .call("POST", &format!("/workflows/{id}/runs"), Some(&input))
                 .await?;
-            out.fields(&v, &["run_id"]);
+            out.fields(&v, &[("run_id", v.run_id.clone())]);
         }
         WorkflowCommand::Pause { id } => {
-            relay.rpc("pauseworkflow", json!([id])).await?;
+            relay.rpc::<WorkflowChanged>("pauseworkflow", json!([id])).await?;
             out.done(&format!("workflow {id} paused"));
         }
         WorkflowCommand::Resume { id } => {
-            relay.rpc("resumeworkflow", json!([id])).await?;
+            relay
+                .rpc::<WorkflowChanged>("resumeworkflow", json!([id]))
+                .await?;
             out.done(&format!("workflow {id} resumed"));
         }
     }
@@ -420,71 +451,57 @@ async fn runs(relay: &Relay, out: Out, command: RunsCommand) -> anyhow::Result<(
     let now = show::now();
     match command {
         RunsCommand::List { workflow, limit } => {
-            let v = relay
+            let page: RunsPage = relay
                 .call("GET", &format!("/workflows/{workflow}/runs?limit={limit}"), None)
                 .await?;
             if out.json {
-                println!("{v}");
+                out.json(&page);
                 return Ok(());
             }
-            let rows: Vec<Vec<String>> = v["runs"]
-                .as_array()
-                .into_iter()
-                .flatten()
+            let rows: Vec<Vec<String>> = page
+                .runs
+                .iter()
                 .map(|r| {
                     vec![
-                        cell(&r["id"]),
-                        cell(&r["status"]),
-                        format!(
-                            "{}/{}",
-                            r["current_step"],
-                            r["steps"].as_array().map_or(0, Vec::len)
-                        ),
-                        cell(&r["cause"]["type"]),
-                        when(r["created_at"].as_i64(), now),
-                        cell(&r["error"]["code"]),
+                        r.id.clone(),
+                        r.status.as_str().to_string(),
+                        format!("{}/{}", r.current_step, r.steps.len()),
+                        r.cause.kind.as_str().to_string(),
+                        when(Some(r.created_at), now),
+                        or_dash(r.error.as_ref().map(|e| e.code.as_str())),
                     ]
                 })
                 .collect();
             table(&["RUN", "STATUS", "STEP", "CAUSE", "CREATED", "ERROR"], &rows);
         }
         RunsCommand::Show { id } => {
-            let v = relay.call("GET", &format!("/runs/{id}"), None).await?;
+            let run: RunView = relay.call("GET", &format!("/runs/{id}"), None).await?;
             if out.json {
-                println!("{v}");
+                out.json(&run);
                 return Ok(());
             }
-            fields(
-                &v,
-                &[
-                    "id",
-                    "workflow_id",
-                    "status",
-                    "created_at",
-                    "updated_at",
-                    "wake_at",
-                ],
-                now,
-            );
-            if !v["error"].is_null() {
-                println!(
-                    "error       {}: {}",
-                    cell(&v["error"]["code"]),
-                    cell(&v["error"]["message"])
-                );
+            fields(&[
+                ("id", run.id.clone()),
+                ("workflow_id", run.workflow_id.clone()),
+                ("status", run.status.as_str().to_string()),
+                ("created_at", when(Some(run.created_at), now)),
+                ("updated_at", when(Some(run.updated_at), now)),
+                ("wake_at", when(run.wake_at, now)),
+            ]);
+            if let Some(e) = &run.error {
+                println!("error       {}: {}", e.code, e.message);
             }
-            let rows: Vec<Vec<String>> = v["steps"]
-                .as_array()
-                .into_iter()
-                .flatten()
+            let rows: Vec<Vec<String>> = run
+                .steps
+                .iter()
                 .map(|s| {
                     vec![
-                        cell(&s["id"]),
-                        cell(&s["action"]),
-                        cell(&s["status"]),
-                        when(s["started_at"].as_i64(), now),
-                        when(s["finished_at"].as_i64(), now),
-                        cell(&s["error"]["code"]),
+                        s.id.clone(),
+                        s.action.clone(),
+                        s.status.as_str().to_string(),
+                        when(s.started_at, now),
+                        when(s.finished_at, now),
+                        or_dash(s.error.as_ref().map(|e| e.code.as_str())),
                     ]
                 })
                 .collect();
@@ -495,7 +512,7 @@ async fn runs(relay: &Relay, out: Out, command: RunsCommand) -> anyhow::Result<(
             );
         }
         RunsCommand::Cancel { id } => {
-            relay.rpc("cancelrun", json!([id])).await?;
+            relay.rpc::<RunChanged>("cancelrun", json!([id])).await?;
             out.done(&format!("run {id} cancelled"));
         }
     }
@@ -526,24 +543,22 @@ async fn deliveries(relay: &Relay, out: Out, command: DeliveriesCommand) -> anyh
                 limit: Some(limit),
                 ..Default::default()
             };
-            let v = relay.rpc("listdeliveries", json!([q])).await?;
+            let list: Vec<DeliveryView> = relay.rpc("listdeliveries", json!([q])).await?;
             if out.json {
-                println!("{v}");
+                out.json(&list);
                 return Ok(());
             }
-            let rows: Vec<Vec<String>> = v
-                .as_array()
-                .into_iter()
-                .flatten()
+            let rows: Vec<Vec<String>> = list
+                .iter()
                 .map(|d| {
                     vec![
-                        cell(&d["id"]),
-                        cell(&d["status"]),
-                        format!("{}/{}", d["attempt"], d["max_attempts"]),
-                        format!("{}/{}", cell(&d["workflow_id"]), cell(&d["step_id"])),
-                        cell(&d["target_pubkey"]).chars().take(12).collect(),
-                        when(d["updated_at"].as_i64(), now),
-                        cell(&d["failure_code"]),
+                        d.id.clone(),
+                        d.status.as_str().to_string(),
+                        format!("{}/{}", d.attempt, d.max_attempts),
+                        format!("{}/{}", d.workflow_id, d.step_id),
+                        d.target_pubkey.chars().take(12).collect(),
+                        when(Some(d.updated_at), now),
+                        or_dash(d.failure_code.as_deref()),
                     ]
                 })
                 .collect();
@@ -561,40 +576,39 @@ async fn deliveries(relay: &Relay, out: Out, command: DeliveriesCommand) -> anyh
             );
         }
         DeliveriesCommand::Show { id } => {
-            let v = relay.call("GET", &format!("/deliveries/{id}"), None).await?;
+            let detail: DeliveryDetail = relay.call("GET", &format!("/deliveries/{id}"), None).await?;
             if out.json {
-                println!("{v}");
+                out.json(&detail);
                 return Ok(());
             }
-            let names = [
-                "id",
-                "status",
-                "workflow_id",
-                "run_id",
-                "step_id",
-                "channel",
-                "target_pubkey",
-                "attempt",
-                "max_attempts",
-                "failure_code",
-                "failure_message",
-                "created_at",
-                "updated_at",
-                "expires_at",
-            ];
-            fields(&v, &names, now);
-            let rows: Vec<Vec<String>> = v["attempts"]
-                .as_array()
-                .into_iter()
-                .flatten()
+            let d = &detail.delivery;
+            fields(&[
+                ("id", d.id.clone()),
+                ("status", d.status.as_str().to_string()),
+                ("workflow_id", d.workflow_id.clone()),
+                ("run_id", d.run_id.clone()),
+                ("step_id", d.step_id.clone()),
+                ("channel", d.channel.clone()),
+                ("target_pubkey", d.target_pubkey.clone()),
+                ("attempt", d.attempt.to_string()),
+                ("max_attempts", d.max_attempts.to_string()),
+                ("failure_code", or_dash(d.failure_code.as_deref())),
+                ("failure_message", or_dash(d.failure_message.as_deref())),
+                ("created_at", when(Some(d.created_at), now)),
+                ("updated_at", when(Some(d.updated_at), now)),
+                ("expires_at", when(Some(d.expires_at), now)),
+            ]);
+            let rows: Vec<Vec<String>> = detail
+                .attempts
+                .iter()
                 .map(|a| {
                     vec![
-                        cell(&a["attempt"]),
-                        when(a["claimed_at"].as_i64(), now),
-                        when(a["finished_at"].as_i64(), now),
-                        cell(&a["outcome"]),
-                        cell(&a["failure_code"]),
-                        cell(&a["failure_message"]),
+                        a.attempt.to_string(),
+                        when(Some(a.claimed_at), now),
+                        when(a.finished_at, now),
+                        or_dash(a.outcome.as_deref()),
+                        or_dash(a.failure_code.as_deref()),
+                        or_dash(a.failure_message.as_deref()),
                     ]
                 })
                 .collect();
@@ -605,11 +619,13 @@ async fn deliveries(relay: &Relay, out: Out, command: DeliveriesCommand) -> anyh
             );
         }
         DeliveriesCommand::Retry { id } => {
-            relay.rpc("retrydelivery", json!([id])).await?;
+            relay.rpc::<DeliveryChanged>("retrydelivery", json!([id])).await?;
             out.done(&format!("delivery {id} is pending again"));
         }
         DeliveriesCommand::Cancel { id } => {
-            relay.rpc("canceldelivery", json!([id])).await?;
+            relay
+                .rpc::<DeliveryChanged>("canceldelivery", json!([id]))
+                .await?;
             out.done(&format!("delivery {id} cancelled"));
         }
     }
@@ -617,25 +633,21 @@ async fn deliveries(relay: &Relay, out: Out, command: DeliveriesCommand) -> anyh
 }
 
 async fn bans(relay: &Relay, out: Out) -> anyhow::Result<()> {
-    let banned = relay.rpc("listbannedpubkeys", json!([])).await?;
-    let allowed = relay.rpc("listallowedpubkeys", json!([])).await?;
-    let events = relay.rpc("listbannedevents", json!([])).await?;
+    let banned: Vec<PubkeyEntry> = relay.rpc("listbannedpubkeys", json!([])).await?;
+    let allowed: Vec<PubkeyEntry> = relay.rpc("listallowedpubkeys", json!([])).await?;
+    let events: Vec<EventEntry> = relay.rpc("listbannedevents", json!([])).await?;
     if out.json {
-        println!(
-            "{}",
-            json!({"banned_pubkeys": banned, "allowed_pubkeys": allowed, "banned_events": events})
-        );
+        out.json(&json!({"banned_pubkeys": banned, "allowed_pubkeys": allowed, "banned_events": events}));
         return Ok(());
     }
     let mut rows = Vec::new();
-    for (list, v, key) in [
-        ("banned", &banned, "pubkey"),
-        ("allowed", &allowed, "pubkey"),
-        ("banned event", &events, "id"),
-    ] {
-        for e in v.as_array().into_iter().flatten() {
-            rows.push(vec![list.to_string(), cell(&e[key]), cell(&e["reason"])]);
+    for (list, entries) in [("banned", &banned), ("allowed", &allowed)] {
+        for e in entries {
+            rows.push(vec![list.to_string(), e.pubkey.clone(), e.reason.clone()]);
         }
+    }
+    for e in &events {
+        rows.push(vec!["banned event".to_string(), e.id.clone(), e.reason.clone()]);
     }
     table(&["LIST", "PUBKEY OR EVENT", "REASON"], &rows);
     Ok(())

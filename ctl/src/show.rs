@@ -1,8 +1,6 @@
 //! Output for people: aligned tables, times as UTC dates with how long
 //! ago, ids in full (they are what the next command takes).
 
-use serde_json::Value;
-
 /// `2026-12-02 12:30:05Z (3m ago)`; `-` for none.
 pub fn when(unix: Option<i64>, now: i64) -> String {
     let Some(t) = unix else { return "-".into() };
@@ -50,24 +48,15 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) {
     }
 }
 
-/// A JSON value as a cell: strings bare, null as `-`.
-pub fn cell(v: &Value) -> String {
-    match v {
-        Value::Null => "-".into(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
+/// An optional text as a cell: `-` for none.
+pub fn or_dash(v: Option<&str>) -> String {
+    v.map_or_else(|| "-".into(), str::to_string)
 }
 
-/// `key: value` lines for the named fields of `v`, times made readable.
-pub fn fields(v: &Value, names: &[&str], now: i64) {
-    let width = names.iter().map(|n| n.len()).max().unwrap_or(0);
-    for name in names {
-        let value = if name.ends_with("_at") {
-            when(v[*name].as_i64(), now)
-        } else {
-            cell(&v[*name])
-        };
+/// `name  value` lines, the names padded to one width.
+pub fn fields(rows: &[(&str, String)]) {
+    let width = rows.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
+    for (name, value) in rows {
         println!("{name:<width$}  {value}");
     }
 }

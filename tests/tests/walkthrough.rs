@@ -240,6 +240,21 @@ async fn walkthrough_from_the_docs() {
         shown.contains("ATTEMPT") && shown.contains("delivered"),
         "{shown}"
     );
+    // --json is the relay's own answer, read into its protocol type.
+    let detail: protocol::api::DeliveryDetail =
+        serde_json::from_str(&relayctl(d, &url, &["--json", "deliveries", "show", &id])).unwrap();
+    assert_eq!(detail.delivery.id, id);
+    assert_eq!(detail.attempts.len(), 1);
+    let page: protocol::api::RunsPage =
+        serde_json::from_str(&relayctl(d, &url, &["--json", "runs", "list", "triage"])).unwrap();
+    let run_id = page.runs[0].id.clone();
+    let run = relayctl(d, &url, &["runs", "show", &run_id]);
+    assert!(
+        run.contains(&run_id) && run.contains("completed") && run.contains("send_message"),
+        "{run}"
+    );
+    let me: protocol::api::Me = serde_json::from_str(&relayctl(d, &url, &["--json", "whoami"])).unwrap();
+    assert_eq!(me.channels, ["ops"]);
     assert!(relayctl(d, &url, &["workflow", "pause", "triage"]).contains("paused"));
     assert!(relayctl(d, &url, &["workflow", "resume", "triage"]).contains("resumed"));
     let (ok, _, err) = relayctl_env(d, &env, &["workflow", "run", "triage"]);
