@@ -161,12 +161,5 @@ pub fn http_base(relay_url: &str) -> Result<String, String> {
 
 /// Reads a hex (or nsec) secret key from `AGENT_SECRET_KEY` or a file.
 pub fn load_keys(file: Option<&Path>) -> anyhow::Result<nostr::prelude::Keys> {
-    let text = match std::env::var("AGENT_SECRET_KEY") {
-        Ok(k) if !k.trim().is_empty() => k,
-        _ => {
-            let path = file.ok_or_else(|| anyhow::anyhow!("no key: set key_file or AGENT_SECRET_KEY"))?;
-            std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?
-        }
-    };
-    Ok(nostr::prelude::Keys::parse(text.trim())?)
+    Ok(client::keyfile::load("AGENT_SECRET_KEY", file)?)
 }

@@ -1,7 +1,6 @@
 //! `agent`: setup commands (keygen, attest, register) and the service (run).
 //! Keys are read from files or the environment, never from arguments.
 
-use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
@@ -94,14 +93,7 @@ enum Command {
 }
 
 fn read_key(file: Option<&PathBuf>, env: &str) -> anyhow::Result<Keys> {
-    let text = match std::env::var(env) {
-        Ok(k) if !k.trim().is_empty() => k,
-        _ => {
-            let path = file.with_context(|| format!("give a key file or set {env}"))?;
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?
-        }
-    };
-    Ok(Keys::parse(text.trim())?)
+    Ok(client::keyfile::load(env, file.map(PathBuf::as_path))?)
 }
 
 type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
@@ -123,12 +115,7 @@ async fn connect_authed(url: &str, keys: &Keys) -> anyhow::Result<Ws> {
         let v: Value = serde_json::from_str(t.as_str())?;
         match v[0].as_str() {
             Some("AUTH") => {
-                let ev = EventBuilder::new(Kind::Authentication, "")
-                    .tags([
-                        Tag::custom("relay", [url]),
-                        Tag::custom("challenge", [v[1].as_str().unwrap_or_default()]),
-                    ])
-                    .finalize(keys)?;
+                let ev = protocol::nip42::auth_event(keys, url, v[1].as_str().unwrap_or_default());
                 auth_id = Some(ev.id.to_hex());
                 ws.send(Message::Text(json!(["AUTH", ev]).to_string().into()))
                     .await?;
@@ -239,14 +226,7 @@ fn main() -> anyhow::Result<()> {
     rt.block_on(async move {
         match cli.command {
             Command::Keygen { out } => {
-                let keys = Keys::generate();
-                let mut f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode_0600()
-                    .open(&out)
-                    .with_context(|| format!("creating {} (it must not exist)", out.display()))?;
-                writeln!(f, "{}", keys.secret_key().to_secret_hex())?;
+                let keys = client::keyfile::create(&out)?;
                 println!("{}", keys.public_key().to_hex());
                 println!("{}", nostr::prelude::ToBech32::to_bech32(&keys.public_key())?);
                 Ok(())
@@ -349,15 +329,4 @@ fn main() -> anyhow::Result<()> {
             }
         }
     })
-}
-
-trait Mode0600 {
-    fn mode_0600(&mut self) -> &mut Self;
-}
-
-impl Mode0600 for std::fs::OpenOptions {
-    fn mode_0600(&mut self) -> &mut Self {
-        use std::os::unix::fs::OpenOptionsExt;
-        self.mode(0o600)
-    }
 }

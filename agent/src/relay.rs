@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, Tag};
+use nostr::prelude::{Event, Keys};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::tungstenite::Message;
@@ -174,10 +174,7 @@ async fn session(
                 match v[0].as_str() {
                     Some("AUTH") => {
                         let challenge = v[1].as_str().unwrap_or_default();
-                        let ev = EventBuilder::new(Kind::Authentication, "")
-                            .tags([Tag::custom("relay", [url]), Tag::custom("challenge", [challenge])])
-                            .finalize(keys)
-                            .map_err(|e| e.to_string())?;
+                        let ev = protocol::nip42::auth_event(keys, url, challenge);
                         ws.send(Message::Text(json!(["AUTH", ev]).to_string().into())).await.map_err(|e| e.to_string())?;
                     }
                     Some("OK") if !authed => {

@@ -2,28 +2,21 @@
 //! management calls, and publishing an event over WebSocket after NIP-42.
 //! Every failure says what failed and what to try.
 
-use std::time::Duration;
-
+use ::client::http::{ApiError, Http, CALL_TIMEOUT};
 use anyhow::{anyhow, bail, Context};
 use futures_util::{SinkExt, StreamExt};
-use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, Tag};
-use protocol::api::ErrorBody;
-use protocol::nip86::Response;
+use nostr::prelude::{Event, Keys};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
 
-/// How long one call may take.
-const CALL_TIMEOUT: Duration = Duration::from_secs(30);
-
 /// A relay (one community's host) and the key that signs.
 pub struct Relay {
     /// `http(s)://host[:port]`, no trailing slash.
-    http: String,
+    http: Http,
     /// `ws(s)://host[:port]`.
     ws: String,
     keys: Keys,
-    client: reqwest::Client,
 }
 
 impl Relay {
@@ -43,15 +36,10 @@ impl Relay {
             None => host.to_string(),
         };
         let (h, w) = if secure { ("https", "wss") } else { ("http", "ws") };
-        let client = reqwest::Client::builder()
-            .timeout(CALL_TIMEOUT)
-            .build()
-            .context("building the HTTP client")?;
         Ok(Relay {
-            http: format!("{h}://{authority}"),
+            http: Http::new(format!("{h}://{authority}"), keys.clone())?,
             ws: format!("{w}://{authority}"),
             keys,
-            client,
         })
     }
 
@@ -64,67 +52,19 @@ impl Relay {
         path: &str,
         body: Option<&Value>,
     ) -> anyhow::Result<T> {
-        let bytes = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
-        let url = format!("{}{path}", self.http);
-        let auth = protocol::nip98::header(&self.keys, method, &url, &bytes);
-        let m = reqwest::Method::from_bytes(method.as_bytes())?;
-        let mut req = self.client.request(m, &url).header("Authorization", auth);
-        if body.is_some() {
-            req = req.header("Content-Type", "application/json").body(bytes);
-        }
-        let resp = req.send().await.map_err(|e| unreachable_relay(&self.http, e))?;
-        let status = resp.status().as_u16();
-        let text = resp.text().await.unwrap_or_default();
-        if (200..300).contains(&status) {
-            return serde_json::from_str(&text)
-                .with_context(|| format!("{method} {path}: an answer this relayctl does not read: {text}"));
-        }
-        let refusal: ErrorBody = serde_json::from_str(&text).unwrap_or(ErrorBody {
-            error: "error".into(),
-            message: text,
-        });
-        bail!(
-            "{method} {path}: HTTP {status} {}: {}{}",
-            refusal.error,
-            refusal.message,
-            hint(status, &refusal.error)
-        )
+        self.http
+            .call(method, path, body)
+            .await
+            .map_err(|e| said(&format!("{method} {path}"), self.http.base(), e))
     }
 
     /// A management call (NIP-86): its `result` read as `T`, or the
     /// relay's `error`.
     pub async fn rpc<T: DeserializeOwned>(&self, method: &str, params: Value) -> anyhow::Result<T> {
-        let body = json!({"method": method, "params": params}).to_string();
-        let url = format!("{}/", self.http);
-        let auth = protocol::nip98::header(&self.keys, "POST", &url, body.as_bytes());
-        let resp = self
-            .client
-            .post(&url)
-            .header("Content-Type", protocol::nip86::CONTENT_TYPE)
-            .header("Authorization", auth)
-            .body(body)
-            .send()
+        self.http
+            .rpc(method, params)
             .await
-            .map_err(|e| unreachable_relay(&self.http, e))?;
-        let status = resp.status().as_u16();
-        let text = resp.text().await.unwrap_or_default();
-        let answer: Option<Response> = serde_json::from_str(&text).ok();
-        match answer {
-            Some(Response { result, error: None }) if (200..300).contains(&status) => {
-                serde_json::from_value(result)
-                    .with_context(|| format!("{method}: an answer this relayctl does not read: {text}"))
-            }
-            answer => {
-                let error = answer.and_then(|a| a.error).unwrap_or(text);
-                let error = if error.is_empty() {
-                    "no answer".to_string()
-                } else {
-                    error
-                };
-                let code = error.split(':').next().unwrap_or_default();
-                bail!("{method}: HTTP {status} {error}{}", hint(status, code))
-            }
-        }
+            .map_err(|e| said(method, self.http.base(), e))
     }
 
     /// Publishes `event` over WebSocket, authenticated (NIP-42) as the key;
@@ -141,13 +81,7 @@ impl Relay {
                 break msg[1].as_str().unwrap_or_default().to_string();
             }
         };
-        let auth = EventBuilder::new(Kind::Authentication, "")
-            .tags([
-                Tag::custom("relay", [self.ws.as_str()]),
-                Tag::custom("challenge", [challenge.as_str()]),
-            ])
-            .finalize(&self.keys)
-            .context("signing AUTH")?;
+        let auth = protocol::nip42::auth_event(&self.keys, &self.ws, &challenge);
         let (ok, msg) = send_and_wait_ok(&mut ws, json!(["AUTH", auth]), &auth.id.to_hex()).await?;
         if !ok {
             bail!("the relay refused authentication: {msg}");
@@ -189,8 +123,29 @@ async fn send_and_wait_ok(ws: &mut Socket, msg: Value, id: &str) -> anyhow::Resu
     }
 }
 
-fn unreachable_relay(base: &str, e: reqwest::Error) -> anyhow::Error {
-    anyhow!("cannot reach the relay at {base}: {e} (is it running, and is --relay its public address?)")
+/// A failed call in words: what was called, the relay's status, code and
+/// message, and what to try.
+fn said(what: &str, base: &str, e: ApiError) -> anyhow::Error {
+    match e {
+        ApiError::Transport(why) if why.starts_with("cannot reach") => {
+            anyhow!("{why} (is it running at {base}, and is --relay its public address?)")
+        }
+        ApiError::Transport(why) => anyhow!("{what}: {why}"),
+        ApiError::Refused {
+            status,
+            code,
+            message,
+        } if message.starts_with(&code) => {
+            anyhow!("{what}: HTTP {status} {message}{}", hint(status, &code))
+        }
+        ApiError::Refused {
+            status,
+            code,
+            message,
+        } => {
+            anyhow!("{what}: HTTP {status} {code}: {message}{}", hint(status, &code))
+        }
+    }
 }
 
 /// What to try after a refusal.

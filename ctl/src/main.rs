@@ -307,33 +307,17 @@ impl Out {
 
 /// The key from RELAYCTL_KEY, else from the key file.
 fn load_keys(file: Option<&Path>) -> anyhow::Result<Keys> {
-    let text = match std::env::var("RELAYCTL_KEY") {
-        Ok(k) if !k.trim().is_empty() => k,
-        _ => {
-            let path = file.ok_or_else(|| {
-                anyhow!(
-                    "no key: give --key-file FILE (or RELAYCTL_KEY_FILE), or set RELAYCTL_KEY; \
-                     `relayctl keygen --out FILE` makes one"
-                )
-            })?;
-            std::fs::read_to_string(path)
-                .with_context(|| format!("reading the key file {}", path.display()))?
-        }
-    };
-    Keys::parse(text.trim()).map_err(|e| anyhow!("the key is neither 64 hex characters nor an nsec: {e}"))
+    ::client::keyfile::load("RELAYCTL_KEY", file).map_err(|e| match e {
+        ::client::keyfile::KeyError::Missing(_) => anyhow!(
+            "no key: give --key-file FILE (or RELAYCTL_KEY_FILE), or set RELAYCTL_KEY; \
+             `relayctl keygen --out FILE` makes one"
+        ),
+        other => other.into(),
+    })
 }
 
 fn keygen(path: &Path) -> anyhow::Result<()> {
-    use std::io::Write;
-    let keys = Keys::generate();
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    let mut f = options
-        .open(path)
-        .with_context(|| format!("creating {} (it must not exist yet)", path.display()))?;
-    writeln!(f, "{}", keys.secret_key().to_secret_hex())?;
+    let keys = ::client::keyfile::create(path)?;
     println!("{}", keys.public_key().to_hex());
     eprintln!("npub: {}", keys.public_key().to_bech32()?);
     Ok(())

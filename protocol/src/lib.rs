@@ -12,6 +12,7 @@ pub mod host;
 pub mod kinds;
 pub mod message;
 pub mod nip29;
+pub mod nip42;
 pub mod nip86;
 pub mod nip98;
 pub mod nip_oa;
