@@ -378,7 +378,18 @@ async fn concurrent_executions_collapse_to_one(backend: Backend) {
         (rows.len() >= expected_rows).then_some(rows)
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A step's rows commit with the run's advance, and an ended run is
+    // never advanced again: once every run has completed, the rows are
+    // final, whichever process ran which step.
+    eventually(|| async {
+        let runs = a.cli(&["runs", "list", "--workflow", "w"]);
+        let done = runs
+            .lines()
+            .filter(|l| l.contains("\"status\":\"completed\""))
+            .count();
+        (done == 10).then_some(())
+    })
+    .await;
     let rows_after = deliveries(&a);
     assert_eq!(rows_after.len(), rows.len(), "rows kept growing");
     assert_eq!(rows.len(), expected_rows);
