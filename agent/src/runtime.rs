@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::api::{Api, ApiError, Delivery};
+use crate::api::{Api, Delivery};
 use crate::config::AgentConfig;
 use crate::handler::{Handler, Ops, Outcome, Turn, TurnItem};
 use crate::relay::{self, Backoff, RelayLink};
@@ -477,13 +477,7 @@ impl Runtime {
                     tracing::info!(delivery = %d.id, status = %status, "finished");
                     break;
                 }
-                Err(e @ ApiError::Transport(_))
-                | Err(
-                    e @ ApiError::Refused {
-                        status: 429 | 500..=599,
-                        ..
-                    },
-                ) if unix_now() < lease.expires_at() => {
+                Err(e) if e.is_transient() && unix_now() < lease.expires_at() => {
                     tracing::warn!(error = %e, delivery = %d.id, "finish not acknowledged; retrying");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(3));

@@ -17,8 +17,13 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Why a call did not succeed.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ApiError {
-    /// The request may not have reached the relay, or its answer was lost
-    /// or not what the contract says.
+    /// The call failed before the relay answered (connecting to it, or
+    /// sending the request).
+    #[error("transport: {0}")]
+    Unreachable(String),
+    /// Anything else between the call and a readable answer: the client
+    /// could not be built, the answer was cut off, or it is not what the
+    /// contract says.
     #[error("transport: {0}")]
     Transport(String),
     /// The relay answered with a refusal.
@@ -34,7 +39,7 @@ impl ApiError {
     /// Whether trying again (the same request) can help.
     pub fn is_transient(&self) -> bool {
         match self {
-            ApiError::Transport(_) => true,
+            ApiError::Unreachable(_) | ApiError::Transport(_) => true,
             ApiError::Refused { status, .. } => *status == 429 || *status >= 500,
         }
     }
@@ -142,7 +147,7 @@ impl Http {
         let resp = req
             .send()
             .await
-            .map_err(|e| ApiError::Transport(format!("cannot reach the relay at {}: {e}", self.base)))?;
+            .map_err(|e| ApiError::Unreachable(format!("cannot reach the relay at {}: {e}", self.base)))?;
         let status = resp.status().as_u16();
         let text = resp
             .text()

@@ -127,7 +127,7 @@ async fn send_and_wait_ok(ws: &mut Socket, msg: Value, id: &str) -> anyhow::Resu
 /// message, and what to try.
 fn said(what: &str, base: &str, e: ApiError) -> anyhow::Error {
     match e {
-        ApiError::Transport(why) if why.starts_with("cannot reach") => {
+        ApiError::Unreachable(why) => {
             anyhow!("{why} (is it running at {base}, and is --relay its public address?)")
         }
         ApiError::Transport(why) => anyhow!("{what}: {why}"),
