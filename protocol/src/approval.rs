@@ -10,7 +10,7 @@ pub const TAG: &str = "workflow-approval";
 pub const REACTION_KIND: u16 = 7;
 
 /// How an approval step ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Decision {
     Approved,

@@ -18,7 +18,7 @@ use nostr::prelude::{Event, EventBuilder, Keys, Kind, Timestamp};
 use crate::clock::unix_now;
 use crate::state::AppState;
 use crate::workflow::outcalls::{CallAnswer, OutCall};
-use crate::workflow::step::{Env, NewDelivery};
+use crate::workflow::step::{Env, Errand, NewDelivery};
 
 /// How long the engine's list of communities is used before it is read
 /// again. Communities are added from the CLI while the relay runs; a pass
@@ -181,33 +181,32 @@ fn spawn_call(state: &Arc<AppState>, community: &str, keys: &Keys, call: OutCall
             attempt: call.attempt,
             result,
         };
-        record_answer(&state, &community, &keys, &call.run_id, &answer).await;
+        if record_answer(&state, &community, &call.run_id, &answer).await {
+            // Test-only: die with the answer recorded, before the run goes on.
+            if crate::faults::check("webhook:after_answer").is_err() {
+                return;
+            }
+            advance(&state, &community, &keys, &call.run_id).await;
+        }
     });
 }
 
-/// Records a call's answer in its run, trying again (bounded) while the
-/// store fails: an answer lost here makes the run count the call as
-/// interrupted at its deadline (sent again only with `retry`).
-async fn record_answer(state: &AppState, community: &str, keys: &Keys, run_id: &str, answer: &CallAnswer) {
+/// Records a call's answer and wakes its run, trying again (bounded)
+/// while the store fails; returns whether the answer was taken. An answer
+/// lost here makes the run count the call as interrupted at its deadline
+/// (sent again only with `retry`).
+async fn record_answer(state: &AppState, community: &str, run_id: &str, answer: &CallAnswer) -> bool {
     const TRIES: u32 = 5;
     for i in 0..TRIES {
-        let step = state
-            .store
-            .execute_run_step(community, keys, run_id, &env(state), Some(answer))
-            .await;
-        match step {
-            Ok(out) => {
-                announce(state, community, out.published);
-                wake_all(state, community, keys, &out.new_deliveries).await;
-                state.kick.kick();
-                return;
-            }
+        match state.store.record_call_answer(community, run_id, answer).await {
+            Ok(taken) => return taken,
             Err(e) => {
                 tracing::warn!(community, run_id, error = %e, try_n = i + 1, "recording a webhook answer failed");
                 tokio::time::sleep(Duration::from_millis(200 << i)).await;
             }
         }
     }
+    false
 }
 
 /// Advances one run as far as it goes now.
@@ -217,7 +216,7 @@ async fn advance(state: &Arc<AppState>, community: &str, keys: &Keys, run_id: &s
         let started = std::time::Instant::now();
         let step = state
             .store
-            .execute_run_step(community, keys, run_id, &env(state), None)
+            .execute_run_step(community, keys, run_id, &env(state))
             .await;
         tracing::debug!(
             run_id,
@@ -228,8 +227,10 @@ async fn advance(state: &Arc<AppState>, community: &str, keys: &Keys, run_id: &s
             Ok(out) => {
                 announce(state, community, out.published);
                 wake_all(state, community, keys, &out.new_deliveries).await;
-                for call in out.calls {
-                    spawn_call(state, community, keys, call);
+                for errand in out.errands {
+                    match errand {
+                        Errand::Call(call) => spawn_call(state, community, keys, call),
+                    }
                 }
                 if !out.more {
                     return;

@@ -619,6 +619,17 @@ async fn a_crash_mid_call_retries_only_when_asked_with_the_same_key(backend: Bac
             assert_eq!(got.len(), 1, "never sent twice without retry");
         }
     }
+    // Killed with the answer recorded, before the run went on: the run
+    // goes on from that answer after the restart, sent once.
+    relay.restart_with(dying("webhook:after_answer"));
+    let before = server.received("/ok").len();
+    let run_id = start_run(&relay, &fx.owner, "once", json!({"text": "y", "n": 1})).await;
+    wait_exit(&mut relay).await;
+    relay.restart_with(hooks_allowed());
+    let run = run_until(&relay, &fx.owner, &run_id, 20, ended).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run["steps"][0]["output"]["body"]["ticket"], 7, "{run}");
+    assert_eq!(server.received("/ok").len(), before + 1, "sent once");
     // Killed after the call was recorded, before it was sent.
     relay.restart_with(dying("webhook:before_send"));
     let before = server.received("/ok").len();

@@ -83,7 +83,7 @@ impl Ty {
 #[derive(Debug, Clone, Copy)]
 pub struct StepShape<'a> {
     pub id: &'a str,
-    pub fields: &'static [(&'static str, Ty)],
+    pub fields: &'static [(String, Ty)],
 }
 
 /// Why a condition is refused at publish, and where (1-based).
@@ -312,10 +312,10 @@ impl Checker<'_, '_> {
         };
         let ty = if f == "skipped" {
             Ty::Bool
-        } else if let Some((_, ty)) = shape.fields.iter().find(|(n, _)| *n == f) {
+        } else if let Some((_, ty)) = shape.fields.iter().find(|(n, _)| n == f) {
             *ty
         } else {
-            let names: Vec<_> = shape.fields.iter().map(|(n, _)| *n).collect();
+            let names: Vec<&str> = shape.fields.iter().map(|(n, _)| n.as_str()).collect();
             return Err((
                 id,
                 format!(

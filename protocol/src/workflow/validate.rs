@@ -6,8 +6,7 @@ use nostr::prelude::{Event, PublicKey};
 use serde_json::Value;
 
 use super::{
-    Definition, Step, Trigger, APPROVAL_TIMEOUT_SECS, ASK_TIMEOUT_SECS, DELAY_SECS, MAX_APPROVERS,
-    MAX_FILTER_VALUES, MAX_INTERVAL_SECS, MAX_STEPS, MIN_INTERVAL_SECS, WEBHOOK_TIMEOUT_SECS,
+    Checking, Definition, Step, Trigger, MAX_FILTER_VALUES, MAX_INTERVAL_SECS, MAX_STEPS, MIN_INTERVAL_SECS,
 };
 use crate::condition::{Condition, StepShape};
 use crate::template::{Template, TemplateError};
@@ -242,17 +241,16 @@ pub fn check(d: &Definition) -> Result<Vec<Option<Template>>, DefinitionError> {
 /// Checks one step against the steps before it; returns its template.
 fn check_step(step: &Step, earlier: &[StepShape<'_>]) -> Result<Option<Template>, DefinitionError> {
     let id = step.id();
-    let field = |field: &'static str, why: String| DefinitionError::StepField {
-        step: id.to_string(),
-        field,
-        why,
-    };
+    let ids: Vec<&str> = earlier.iter().map(|s| s.id).collect();
     if let Some(src) = step.condition() {
-        Condition::compile(src, earlier).map_err(|e| field("if", e.to_string()))?;
+        Condition::compile(src, earlier).map_err(|e| DefinitionError::StepField {
+            step: id.to_string(),
+            field: "if",
+            why: e.to_string(),
+        })?;
     }
     let template = match step.text() {
         Some(text) => {
-            let ids: Vec<&str> = earlier.iter().map(|s| s.id).collect();
             let t = Template::parse(text)
                 .and_then(|t| t.check(&ids).map(|_| t))
                 .map_err(|error| DefinitionError::Template {
@@ -263,69 +261,18 @@ fn check_step(step: &Step, earlier: &[StepShape<'_>]) -> Result<Option<Template>
         }
         None => None,
     };
-    match step {
-        Step::AskAgent { timeout_secs, .. } => {
-            check_range(*timeout_secs, ASK_TIMEOUT_SECS).map_err(|w| field("timeout_secs", w))?;
-            if template
-                .as_ref()
-                .is_some_and(|t| crate::template::mentions(t).is_empty())
-            {
-                let why = "must mention at least one agent (nostr:npub1… or nostr:nprofile1…)";
-                return Err(field("text", why.to_string()));
-            }
-        }
-        Step::Delay { secs, .. } if !DELAY_SECS.contains(secs) => {
-            let (lo, hi) = DELAY_SECS.into_inner();
-            return Err(field("secs", format!("{secs} is not from {lo} to {hi}")));
-        }
-        Step::RequestApproval {
-            approvers,
-            timeout_secs,
-            ..
-        } => {
-            check_range(*timeout_secs, APPROVAL_TIMEOUT_SECS).map_err(|w| field("timeout_secs", w))?;
-            if approvers.len() > MAX_APPROVERS || !approvers.iter().all(|a| is_hex_pubkey(a)) {
-                let why = format!("must be at most {MAX_APPROVERS} 64-character hex pubkeys");
-                return Err(field("approvers", why));
-            }
-        }
-        Step::CallWebhook {
-            url,
-            body,
-            secret,
-            timeout_secs,
-            ..
-        } => {
-            check_range(*timeout_secs, WEBHOOK_TIMEOUT_SECS).map_err(|w| field("timeout_secs", w))?;
-            crate::webhook::check_url(url).map_err(|w| field("url", w))?;
-            if secret.as_deref().is_some_and(|s| !valid_id(s)) {
-                return Err(field("secret", "must be a name [a-z0-9_-]{1,64}".into()));
-            }
-            if let Some(body) = body {
-                let ids: Vec<&str> = earlier.iter().map(|s| s.id).collect();
-                crate::webhook::check_body(body, &ids).map_err(|w| field("body", w))?;
-            }
-        }
-        _ => {}
-    }
+    step.check(&Checking {
+        step: id,
+        earlier: &ids,
+        template: template.as_ref(),
+    })?;
     Ok(template)
-}
-
-/// Checks an optional whole number of seconds against its range.
-fn check_range(value: Option<u64>, range: std::ops::RangeInclusive<u64>) -> Result<(), String> {
-    match value {
-        Some(t) if !range.contains(&t) => {
-            let (lo, hi) = range.into_inner();
-            Err(format!("{t} is not from {lo} to {hi}"))
-        }
-        _ => Ok(()),
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workflow::{MessageFilter, OnFailure, Wait, DEFINITION_KIND};
+    use crate::workflow::{AskAgent, MessageFilter, OnFailure, Wait, DEFINITION_KIND};
     use nostr::prelude::Tag;
     use nostr::prelude::{EventBuilder, FinalizeEvent, Keys, Kind};
     use serde_json::json;
@@ -473,11 +420,11 @@ mod tests {
         assert_eq!(v.templates.iter().filter(|t| t.is_some()).count(), 2);
         assert!(matches!(
             &v.definition.steps[0],
-            Step::AskAgent {
+            Step::AskAgent(AskAgent {
                 wait: Wait::Any,
                 on_failure: OnFailure::Continue,
                 ..
-            }
+            })
         ));
         let refused = |f: &dyn Fn(&mut serde_json::Value)| {
             let mut d = v2();

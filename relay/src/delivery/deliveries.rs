@@ -341,17 +341,13 @@ async fn apply(
     })
 }
 
-/// One of a waiting run's current-step deliveries ended (called in the
-/// transaction that ends it): the run's wake row, taken by the engine
-/// (`workflow::runs`) when it looks at the run. One wake
-/// row per delivery (a delivery ends once), so two finishes never write
-/// the same row.
-pub async fn poke(
-    tx: &mut Tx<'_>,
-    community: &str,
-    run_id: &str,
-    delivery_id: &str,
-) -> Result<(), StoreError> {
+/// Something a waiting run's current step waits on ended (called in the
+/// transaction that ends it: a delivery, a decision, a webhook call's
+/// attempt): the run's wake row, taken by the engine (`workflow::runs`)
+/// when it looks at the run. `wake` names what ended (a delivery id,
+/// `approval:<reaction id>`, `call:<step>:<attempt>`), each once, so two
+/// writers never write the same row.
+pub async fn poke(tx: &mut Tx<'_>, community: &str, run_id: &str, wake: &str) -> Result<(), StoreError> {
     tx.exec(
         Q::new(
             "INSERT INTO workflow_run_wakes (community_id, run_id, delivery_id) VALUES ($1, $2, $3) \
@@ -359,7 +355,7 @@ pub async fn poke(
         )
         .bind(community)
         .bind(run_id)
-        .bind(delivery_id),
+        .bind(wake),
     )
     .await?;
     Ok(())

@@ -37,14 +37,33 @@ impl Store {
         keys: &Keys,
         run_id: &str,
         env: &crate::workflow::step::Env<'_>,
-        answer: Option<&CallAnswer>,
     ) -> Result<StepOutcome, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let out = runs::execute_step(&mut tx, community, keys, run_id, env, answer).await?;
+        let out = runs::execute_step(&mut tx, community, keys, run_id, env).await?;
         let raws: Vec<&str> = out.published.iter().map(|(_, raw)| raw.as_str()).collect();
         self.announce(&mut tx, community, &raws).await?;
         tx.commit().await?;
         Ok(out)
+    }
+
+    /// Records the answer to a webhook call's attempt and wakes its run, if
+    /// that attempt is still the one in flight (`outcalls::answer`);
+    /// returns whether it was.
+    pub async fn record_call_answer(
+        &self,
+        community: &str,
+        run_id: &str,
+        answer: &CallAnswer,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let now = tx.now().await?;
+        let taken = outcalls::answer(&mut tx, community, run_id, answer, now).await?;
+        if taken {
+            let wake = format!("call:{}:{}", answer.step_id, answer.attempt);
+            crate::delivery::deliveries::poke(&mut tx, community, run_id, &wake).await?;
+        }
+        tx.commit().await?;
+        Ok(taken)
     }
 
     /// Runs with a step to execute now, oldest first (`views::due_runs`).

@@ -1,36 +1,73 @@
-//! The `ask_agent` step: its timeout, when it is over (`decide`), its
+//! The `ask_agent` step: posts its message with one awaited delivery per
+//! managed-agent recipient, then waits until it is over (`decide`); its
 //! rows and their replies, its output and its failure.
 
 use nostr::prelude::Event;
 use protocol::api::DeliveryStatus;
-use protocol::workflow::{self, Wait};
-use serde_json::{json, Value};
+use protocol::workflow::{AskAgent, AskOutput, AskReply, AskStatus, Wait};
 
-use super::step::{json_of, Failure, StepCtx};
+use super::message::{post, Addressed, Rows};
+use super::step::{json_of, Failure, Next, RunStep, StepCtx, StepOutcome};
+use crate::faults;
 use crate::persistence::db::{named, Tx, Q};
 use crate::persistence::StoreError;
 use crate::workflow::definitions::ACTIVE_ROWS;
 
-/// An `ask_agent` step's timeout in seconds (its default when unset).
-pub(crate) fn ask_timeout(timeout_secs: Option<u64>) -> i64 {
-    i64::try_from(timeout_secs.unwrap_or(workflow::DEFAULT_ASK_TIMEOUT_SECS)).unwrap_or(i64::MAX)
-}
-
-/// How an `ask_agent` step ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum AskStatus {
-    Delivered,
-    Failed,
-    TimedOut,
-}
-
-impl AskStatus {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            AskStatus::Delivered => "delivered",
-            AskStatus::Failed => "failed",
-            AskStatus::TimedOut => "timed_out",
+impl RunStep for AskAgent {
+    async fn start(&self, tx: &mut Tx<'_>, c: &StepCtx<'_>, out: &mut StepOutcome) -> Result<Next, StoreError> {
+        let message = match post(tx, c, out, Rows::Awaited, |t| Addressed::mentions(c, t, self.reply_in_thread)).await? {
+            Ok(message) => message,
+            Err(why) => return Ok(c.failed(self, None, why, self.on_failure)),
+        };
+        if step_rows(tx, c).await?.is_empty() {
+            let output = ask_output(&message.id.to_hex(), AskStatus::Failed, &[]);
+            let why = Failure::new(
+                "no_agent",
+                "no recipient of the step is a managed agent in the channel",
+            );
+            return Ok(c.failed(self, Some(&output), why, self.on_failure));
         }
+        Ok(Next::Wait {
+            wake_at: c.now.saturating_add(self.timeout()),
+        })
+    }
+
+    async fn resume(&self, tx: &mut Tx<'_>, c: &StepCtx<'_>, _: &mut StepOutcome) -> Result<Next, StoreError> {
+        let deadline = c.run.step_started_at.unwrap_or(c.now).saturating_add(self.timeout());
+        let rows = step_rows(tx, c).await?;
+        let statuses: Vec<DeliveryStatus> = rows.iter().map(|r| r.status).collect();
+        let Some(status) = decide(self.wait, &statuses, c.now >= deadline) else {
+            return Ok(Next::StillWaiting);
+        };
+        // Test-only: die in the transaction that ends the step (after
+        // the finish that woke it committed, before the run moves on).
+        faults::check("ask:before_end")?;
+        let cancel_code = if status == AskStatus::TimedOut {
+            "step_timeout"
+        } else {
+            "step_done"
+        };
+        let rows = if statuses.iter().any(|s| !s.is_terminal()) {
+            cancel_open_rows(tx, c, cancel_code).await?;
+            // Read again: a finish may have ended a row meanwhile.
+            step_rows(tx, c).await?
+        } else {
+            rows
+        };
+        // A waiting ask has rows (none fails it at once, `no_agent`).
+        let message_id = rows
+            .first()
+            .map(|r| hex::encode(r.message_event_id))
+            .ok_or_else(|| StoreError::Corrupt("a waiting ask_agent step has no deliveries".into()))?;
+        let output = ask_output(&message_id, status, &rows);
+        Ok(match status {
+            AskStatus::Delivered => c.done(self, &output),
+            AskStatus::Failed => c.failed(self, Some(&output), agent_failed(&rows), self.on_failure),
+            AskStatus::TimedOut => {
+                let why = Failure::new("step_timeout", format!("no answer within {} s", self.timeout()));
+                c.failed(self, Some(&output), why, self.on_failure)
+            }
+        })
     }
 }
 
@@ -95,7 +132,7 @@ pub(crate) async fn step_rows(tx: &mut Tx<'_>, c: &StepCtx<'_>) -> Result<Vec<St
 
 /// Cancels the current step's open rows (an `any` step answered, or the
 /// step timed out): their holders' finishes then answer 410.
-pub(crate) async fn cancel_open_rows(tx: &mut Tx<'_>, c: &StepCtx<'_>, code: &str) -> Result<(), StoreError> {
+async fn cancel_open_rows(tx: &mut Tx<'_>, c: &StepCtx<'_>, code: &str) -> Result<(), StoreError> {
     let cancelled = tx.exec(
         Q::new(format!(
             "UPDATE workflow_agent_deliveries SET status = 'cancelled', failure_code = $4, claim_token = NULL, \
@@ -114,25 +151,33 @@ pub(crate) async fn cancel_open_rows(tx: &mut Tx<'_>, c: &StepCtx<'_>, code: &st
 
 /// An `ask_agent` step's output: its status, the first delivered reply's
 /// text, and every row's reply.
-pub(crate) fn ask_output(message_id: &str, status: AskStatus, rows: &[StepRow]) -> Value {
+fn ask_output(message_id: &str, status: AskStatus, rows: &[StepRow]) -> AskOutput {
     let text = |r: &StepRow| r.reply.as_ref().map_or(String::new(), |e| e.content.clone());
     let reply = rows
         .iter()
         .find(|r| r.status == DeliveryStatus::Delivered && r.reply.is_some())
         .map(text)
         .unwrap_or_default();
-    let replies: Vec<Value> = rows
+    let replies = rows
         .iter()
-        .map(|r| {
-            json!({"agent": hex::encode(r.target), "delivery_id": r.id, "status": r.status.as_str(),
-                   "event_id": r.reply.as_ref().map(|e| e.id.to_hex()), "text": text(r)})
+        .map(|r| AskReply {
+            agent: hex::encode(r.target),
+            delivery_id: r.id.clone(),
+            status: r.status,
+            event_id: r.reply.as_ref().map(|e| e.id.to_hex()),
+            text: text(r),
         })
         .collect();
-    json!({"event_id": message_id, "status": status.as_str(), "reply": reply, "replies": replies})
+    AskOutput {
+        event_id: message_id.to_string(),
+        status,
+        reply,
+        replies,
+    }
 }
 
 /// Why an `ask_agent` step failed: the rows that did not deliver.
-pub(crate) fn agent_failed(rows: &[StepRow]) -> Failure {
+fn agent_failed(rows: &[StepRow]) -> Failure {
     let failed: Vec<String> = rows
         .iter()
         .filter(|r| r.status != DeliveryStatus::Delivered)
@@ -153,4 +198,39 @@ pub(crate) fn agent_failed(rows: &[StepRow]) -> Failure {
             failed.join(", ")
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use DeliveryStatus::*;
+
+    #[test]
+    fn an_ask_ends_as_its_wait_says() {
+        let all = Wait::All;
+        let any = Wait::Any;
+        assert_eq!(decide(all, &[Delivered, Claimed], false), None);
+        assert_eq!(
+            decide(all, &[Delivered, Delivered], false),
+            Some(AskStatus::Delivered)
+        );
+        assert_eq!(decide(all, &[Delivered, Failed], false), Some(AskStatus::Failed));
+        assert_eq!(
+            decide(all, &[Delivered, Pending], true),
+            Some(AskStatus::TimedOut)
+        );
+        assert_eq!(
+            decide(any, &[Pending, Delivered], false),
+            Some(AskStatus::Delivered)
+        );
+        assert_eq!(decide(any, &[Failed, Claimed], false), None);
+        assert_eq!(decide(any, &[Failed, Expired], false), Some(AskStatus::Failed));
+        assert_eq!(decide(any, &[Failed, Claimed], true), Some(AskStatus::TimedOut));
+        // What ended before the deadline counts, even when looked at after it.
+        assert_eq!(
+            decide(any, &[Delivered, Claimed], true),
+            Some(AskStatus::Delivered)
+        );
+        assert_eq!(decide(all, &[Cancelled], false), Some(AskStatus::Failed));
+    }
 }

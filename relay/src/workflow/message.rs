@@ -4,9 +4,8 @@
 
 use nostr::prelude::{Event, EventBuilder, Keys, Kind, PublicKey, Tag, Timestamp};
 use protocol::api::{CauseKind, DeliveryStatus};
-use protocol::approval::{self};
 use protocol::template::Template;
-use protocol::workflow::{self, MessageBinding, Step};
+use protocol::workflow::{self, MessageBinding};
 
 use super::step::{json_of, Failure, NewDelivery, RunRow, StepCtx, StepOutcome};
 use crate::admission;
@@ -118,35 +117,35 @@ pub(crate) enum Rows {
     Awaited,
 }
 
-/// The `p` recipients and extra tags of the current step's message: an
-/// approval request names the owner and its approvers and carries the
-/// request mark; other messages name the owner and the template's mentions.
-fn addressees(c: &StepCtx<'_>, template: &Template) -> (Vec<PublicKey>, Vec<Tag>, bool) {
-    match c.step() {
-        Step::RequestApproval { approvers, .. } => {
-            let mut to = vec![c.run.owner];
-            for pk in approvers.iter().filter_map(|a| PublicKey::from_hex(a).ok()) {
-                if !to.contains(&pk) {
-                    to.push(pk);
-                }
-            }
-            (to, vec![approval::request_tag()], false)
+/// Whom a step's message names and how: its `p` recipients (the owner
+/// first), tags after the workflow message's own, and whether it replies in
+/// thread.
+pub(crate) struct Addressed {
+    pub(crate) to: Vec<PublicKey>,
+    pub(crate) extra_tags: Vec<Tag>,
+    pub(crate) in_thread: bool,
+}
+
+impl Addressed {
+    /// A message to the owner and the agents its template mentions.
+    pub(crate) fn mentions(c: &StepCtx<'_>, template: &Template, in_thread: bool) -> Addressed {
+        Addressed {
+            to: workflow::recipients(&c.run.owner, template),
+            extra_tags: Vec::new(),
+            in_thread,
         }
-        step => (
-            workflow::recipients(&c.run.owner, template),
-            Vec::new(),
-            step.message().is_some_and(|(_, in_thread)| in_thread),
-        ),
     }
 }
 
-/// Posts the step's message (once: a replay reuses it) and its delivery
-/// rows, as `rows` says.
+/// Posts the step's message (once: a replay reuses it), addressed as
+/// `address` says from its template, and its delivery rows, as `rows`
+/// says.
 pub(crate) async fn post(
     tx: &mut Tx<'_>,
     c: &StepCtx<'_>,
     out: &mut StepOutcome,
     rows: Rows,
+    address: impl FnOnce(&Template) -> Addressed,
 ) -> Result<Result<Event, Failure>, StoreError> {
     let text = c.step().text().expect("a step that posts has a text");
     let Ok(template) = Template::parse(text) else {
@@ -155,15 +154,15 @@ pub(crate) async fn post(
             "step template no longer parses",
         )));
     };
-    let (recipients, extra_tags, reply_in_thread) = addressees(c, &template);
+    let addressed = address(&template);
     let binding = Binding {
         run: c.run,
         run_id: c.run_id,
         step_id: c.step().id(),
         definition_hex: &hex::encode(c.run.definition_event_id),
-        reply_in_thread,
-        recipients,
-        extra_tags,
+        reply_in_thread: addressed.in_thread,
+        recipients: addressed.to,
+        extra_tags: addressed.extra_tags,
     };
     let limits = c.env.limits;
     let message = match step_message(tx, c.community, c.keys, &binding, &template, c.now, limits).await? {

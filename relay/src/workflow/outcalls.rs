@@ -4,7 +4,8 @@
 //! A call is recorded (state `sending`, with a deadline) in the step's
 //! transaction, before anything is sent; the engine sends it after commit
 //! and records the answer in another transaction, which checks the
-//! attempt it answers is still the one in flight. A call still `sending`
+//! attempt it answers is still the one in flight and wakes the run; the
+//! step then ends with the answer as recorded. A call still `sending`
 //! after its deadline was interrupted (the process died mid-call): it is
 //! sent again, same `Idempotency-Key`, only when the step says `retry`.
 //! The store never sees a secret in clear: it keeps what the secrets key
@@ -60,11 +61,22 @@ pub struct CallAnswer {
     pub result: CallResult,
 }
 
+/// Where a step's call is.
+#[derive(Debug, Clone)]
+pub enum CallState {
+    /// The attempt is in flight (or its process died with it).
+    Sending,
+    /// The attempt's result was recorded.
+    Ended(CallResult),
+    /// The attempt was given up after its deadline.
+    Interrupted,
+}
+
 /// A step's call as recorded.
 #[derive(Debug, Clone)]
 pub struct Recorded {
     pub attempt: i64,
-    pub state: String,
+    pub state: CallState,
     pub deadline: i64,
     pub url: String,
     pub body: String,
@@ -114,62 +126,104 @@ pub async fn load(
     let row = tx
         .one(
             Q::new(
-                "SELECT attempt, state, deadline, url, request_body FROM workflow_webhook_calls \
-                 WHERE community_id = $1 AND run_id = $2 AND step_id = $3",
+                "SELECT attempt, state, deadline, url, request_body, status, answer, error_code, error \
+                 FROM workflow_webhook_calls WHERE community_id = $1 AND run_id = $2 AND step_id = $3",
             )
             .bind(community)
             .bind(run_id)
             .bind(step_id),
         )
         .await?;
-    row.map(|r| {
-        Ok(Recorded {
-            attempt: r.int("attempt")?,
-            state: r.text("state")?,
-            deadline: r.int("deadline")?,
-            url: r.text("url")?,
-            body: r.text("request_body")?,
-        })
-    })
-    .transpose()
+    let Some(r) = row else { return Ok(None) };
+    let corrupt = |what: &str| StoreError::Corrupt(format!("webhook call: {what}"));
+    let state = match r.text("state")?.as_str() {
+        "sending" => CallState::Sending,
+        "interrupted" => CallState::Interrupted,
+        "answered" => {
+            let status = r.opt_int("status")?.and_then(|s| u16::try_from(s).ok());
+            let answer = r.opt_text("answer")?;
+            let body = answer.map(|a| serde_json::from_str(&a)).transpose();
+            match (status, body) {
+                (Some(status), Ok(Some(body))) => CallState::Ended(CallResult::Answered { status, body }),
+                _ => return Err(corrupt("an answered call without its status or answer")),
+            }
+        }
+        "failed" => CallState::Ended(CallResult::Failed {
+            code: r.opt_text("error_code")?.unwrap_or_default(),
+            message: r.opt_text("error")?.unwrap_or_default(),
+        }),
+        other => return Err(corrupt(&format!("unknown state {other}"))),
+    };
+    Ok(Some(Recorded {
+        attempt: r.int("attempt")?,
+        state,
+        deadline: r.int("deadline")?,
+        url: r.text("url")?,
+        body: r.text("request_body")?,
+    }))
 }
 
-/// Ends the step's call: `answered` or `failed` with what came back, or
-/// `interrupted`.
-pub async fn end(
+/// Records what attempt `answer.attempt` of a step's call came to, if that
+/// attempt is still the one in flight; returns whether it was. An answer
+/// to an attempt given up or sent again changes nothing.
+pub async fn answer(
     tx: &mut Tx<'_>,
     community: &str,
     run_id: &str,
-    step_id: &str,
-    result: Option<&CallResult>,
+    answer: &CallAnswer,
     now: i64,
-) -> Result<(), StoreError> {
-    let (state, status, answer, code, error) = match result {
-        Some(CallResult::Answered { status, body }) => (
+) -> Result<bool, StoreError> {
+    let (state, status, body, code, error) = match &answer.result {
+        CallResult::Answered { status, body } => (
             "answered",
             Some(i64::from(*status)),
             Some(body.to_string()),
             None,
             None,
         ),
-        Some(CallResult::Failed { code, message }) => {
+        CallResult::Failed { code, message } => {
             ("failed", None, None, Some(code.clone()), Some(message.clone()))
         }
-        None => ("interrupted", None, None, Some("interrupted".to_string()), None),
     };
+    let changed = tx
+        .exec(
+            Q::new(
+                "UPDATE workflow_webhook_calls SET state = $5, status = $6, answer = $7, error_code = $8, \
+                 error = $9, answered_at = $10 WHERE community_id = $1 AND run_id = $2 AND step_id = $3 \
+                 AND attempt = $4 AND state = 'sending'",
+            )
+            .bind(community)
+            .bind(run_id)
+            .bind(answer.step_id.as_str())
+            .bind(answer.attempt)
+            .bind(state)
+            .bind(status)
+            .bind(body)
+            .bind(code)
+            .bind(error)
+            .bind(now),
+        )
+        .await?;
+    Ok(changed == 1)
+}
+
+/// Gives up the step's call in flight (its deadline passed with no
+/// answer and the step does not retry).
+pub async fn interrupt(
+    tx: &mut Tx<'_>,
+    community: &str,
+    run_id: &str,
+    step_id: &str,
+    now: i64,
+) -> Result<(), StoreError> {
     tx.exec(
         Q::new(
-            "UPDATE workflow_webhook_calls SET state = $4, status = $5, answer = $6, error_code = $7, \
-             error = $8, answered_at = $9 WHERE community_id = $1 AND run_id = $2 AND step_id = $3",
+            "UPDATE workflow_webhook_calls SET state = 'interrupted', error_code = 'interrupted', \
+             answered_at = $4 WHERE community_id = $1 AND run_id = $2 AND step_id = $3",
         )
         .bind(community)
         .bind(run_id)
         .bind(step_id)
-        .bind(state)
-        .bind(status)
-        .bind(answer)
-        .bind(code)
-        .bind(error)
         .bind(now),
     )
     .await?;

@@ -1,14 +1,13 @@
-//! The `request_approval` step: its timeout, and its end with the
-//! decision (or `timed_out`), posted by the relay under the request.
+//! The `request_approval` step: posts the request (for people: no
+//! deliveries) and records it, then waits for its decision (or
+//! `timed_out`), which the relay posts threaded under the request.
 
 use nostr::prelude::{Event, PublicKey};
-use protocol::api::StepStatus;
 use protocol::approval::{self, Decision};
-use protocol::workflow::{self, Step};
-use serde_json::json;
+use protocol::workflow::{ApprovalOutput, RequestApproval};
 
-use super::message::sign_admitted;
-use super::step::{Failure, Next, StepCtx, StepOutcome};
+use super::message::{post, recipients_of, sign_admitted, Addressed, Rows};
+use super::step::{Failure, Next, RunStep, StepCtx, StepOutcome};
 use crate::events::rules as events;
 use crate::events::InsertOutcome;
 use crate::faults;
@@ -16,52 +15,79 @@ use crate::persistence::db::Tx;
 use crate::persistence::StoreError;
 use crate::workflow::approvals;
 
-/// An approval step's timeout in seconds (its default when unset).
-pub(crate) fn approval_timeout(timeout_secs: Option<u64>) -> i64 {
-    i64::try_from(timeout_secs.unwrap_or(workflow::DEFAULT_APPROVAL_TIMEOUT_SECS)).unwrap_or(i64::MAX)
+impl RunStep for RequestApproval {
+    async fn start(&self, tx: &mut Tx<'_>, c: &StepCtx<'_>, out: &mut StepOutcome) -> Result<Next, StoreError> {
+        let request = match post(tx, c, out, Rows::None, |_| addressed(self, c)).await? {
+            Ok(message) => message,
+            Err(why) => return Ok(c.failed(self, None, why, protocol::workflow::OnFailure::Fail)),
+        };
+        let approvers = recipients_of(&request);
+        // The deadline `resume` applies: the step starts now.
+        let deadline = c.now.saturating_add(self.timeout());
+        approvals::record_request(
+            tx,
+            c.community,
+            c.run_id,
+            &self.id,
+            &c.run.channel,
+            &request,
+            &approvers,
+            deadline,
+        )
+        .await?;
+        Ok(Next::Wait { wake_at: deadline })
+    }
+
+    /// Ends with the decision, or `timed_out` once the deadline passed with
+    /// none (unless an approver decided first); the relay posts the
+    /// decision threaded under the request.
+    async fn resume(&self, tx: &mut Tx<'_>, c: &StepCtx<'_>, out: &mut StepOutcome) -> Result<Next, StoreError> {
+        let timeout = self.timeout();
+        let deadline = c.run.step_started_at.unwrap_or(c.now).saturating_add(timeout);
+        let step_id = self.id.as_str();
+        let mut decided = approvals::decided(tx, c.community, c.run_id, step_id).await?;
+        if decided.is_none() && c.now >= deadline {
+            approvals::time_out(tx, c.community, c.run_id, step_id, c.now).await?;
+            decided = approvals::decided(tx, c.community, c.run_id, step_id).await?;
+        }
+        let Some(d) = decided else {
+            return Ok(Next::StillWaiting);
+        };
+        faults::check("approval:before_end")?;
+        out.published.push(post_decision(tx, c, &d, timeout).await?);
+        let output = ApprovalOutput {
+            decision: d.decision,
+            by: d.by.clone(),
+            event_id: d.event_id.clone(),
+        };
+        Ok(match d.decision {
+            Decision::Approved => c.done(self, &output),
+            Decision::Denied => {
+                let why = Failure::new("denied", format!("denied by {}", d.by));
+                c.failed(self, Some(&output), why, self.on_deny)
+            }
+            Decision::TimedOut => {
+                let why = Failure::new("step_timeout", format!("no decision within {timeout} s"));
+                c.failed(self, Some(&output), why, self.on_deny)
+            }
+        })
+    }
 }
 
-/// A waiting approval step: ends with its decision, or `timed_out` once
-/// its deadline passed with none (unless an approver decided first); the
-/// relay posts the decision threaded under the request.
-pub(crate) async fn resume_approval(
-    tx: &mut Tx<'_>,
-    c: &StepCtx<'_>,
-    out: &mut StepOutcome,
-) -> Result<Next, StoreError> {
-    let Step::RequestApproval {
-        timeout_secs,
-        on_deny,
-        ..
-    } = c.step()
-    else {
-        return Err(StoreError::Corrupt("resume_approval on another action".into()));
-    };
-    let timeout = approval_timeout(*timeout_secs);
-    let deadline = c.run.step_started_at.unwrap_or(c.now).saturating_add(timeout);
-    let step_id = c.step().id();
-    let mut decided = approvals::decided(tx, c.community, c.run_id, step_id).await?;
-    if decided.is_none() && c.now >= deadline {
-        approvals::time_out(tx, c.community, c.run_id, step_id, c.now).await?;
-        decided = approvals::decided(tx, c.community, c.run_id, step_id).await?;
+/// The request names the owner and the approvers, each once, and carries
+/// the request mark; it is for people (no thread, no rows).
+fn addressed(step: &RequestApproval, c: &StepCtx<'_>) -> Addressed {
+    let mut to = vec![c.run.owner];
+    for pk in step.approvers.iter().filter_map(|a| PublicKey::from_hex(a).ok()) {
+        if !to.contains(&pk) {
+            to.push(pk);
+        }
     }
-    let Some(d) = decided else {
-        return Ok(Next::StillWaiting);
-    };
-    faults::check("approval:before_end")?;
-    out.published.push(post_decision(tx, c, &d, timeout).await?);
-    let output = json!({"decision": d.decision.as_str(), "by": d.by, "event_id": d.event_id});
-    Ok(match d.decision {
-        Decision::Approved => Next::Advance(c.entry(StepStatus::Done, output, None)),
-        Decision::Denied => {
-            let why = Failure::new("denied", format!("denied by {}", d.by));
-            c.failed(output, why, *on_deny)
-        }
-        Decision::TimedOut => {
-            let why = Failure::new("step_timeout", format!("no decision within {timeout} s"));
-            c.failed(output, why, *on_deny)
-        }
-    })
+    Addressed {
+        to,
+        extra_tags: vec![approval::request_tag()],
+        in_thread: false,
+    }
 }
 
 /// Stores the relay's kind 9 naming an approval's decision, threaded under

@@ -1,12 +1,13 @@
 //! What every step of a run shares: the run as loaded, the step's
-//! context (`StepCtx`), what a step decides for the run (`Next`), its
+//! context (`StepCtx`), what a step kind does (`RunStep`, one file per
+//! kind beside this one), what a step decides for the run (`Next`), its
 //! failure, its trace entry and what one execution produced.
 
 use nostr::prelude::{Event, Keys, PublicKey};
 use protocol::api::{CauseKind, RunError, RunStatus, StepStatus};
 use protocol::condition::{Condition, StepShape};
 use protocol::template::{self};
-use protocol::workflow::{Action, Cause, Definition, OnFailure, Step};
+use protocol::workflow::{Action, Cause, Definition, OnFailure, Step, StepKind};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -27,17 +28,56 @@ pub struct NewDelivery {
     pub message_event_id: String,
 }
 
-/// What one step execution produced.
+/// What one step execution leaves for after its commit.
 #[derive(Debug, Default)]
 pub struct StepOutcome {
-    /// Events to announce after commit (the message when newly made).
+    /// Events stored by this execution: announce each.
     pub published: Vec<(Event, String)>,
-    /// Delivery rows made by this execution (wake each).
+    /// Delivery rows made by this execution: wake each.
     pub new_deliveries: Vec<NewDelivery>,
-    /// Webhook calls recorded by this execution: send each after commit.
-    pub calls: Vec<OutCall>,
+    /// Work recorded by this execution to be done outside any transaction.
+    pub errands: Vec<Errand>,
     /// Whether the run has a step to execute now.
     pub more: bool,
+}
+
+/// Work a step recorded, done by the engine after commit outside any
+/// transaction. Each records its own result and wakes the run (a row of
+/// `workflow_run_wakes`), which then resumes the step from what was
+/// recorded; an errand lost with its process is found by its step's
+/// deadline.
+#[derive(Debug)]
+pub enum Errand {
+    /// Send an outbound HTTP call (`call_webhook`).
+    Call(OutCall),
+}
+
+/// What the run interpreter (`runs`) asks of a step kind: each kind's file
+/// implements it for the kind's definition in `protocol::workflow`.
+pub(crate) trait RunStep: StepKind {
+    /// The step begins (its condition held), in the run's transaction: it
+    /// ends, fails, or begins waiting.
+    async fn start(
+        &self,
+        tx: &mut Tx<'_>,
+        c: &StepCtx<'_>,
+        out: &mut StepOutcome,
+    ) -> Result<Next, StoreError>;
+
+    /// The waiting step is looked at again: its `wake_at` passed, or a wake
+    /// came (a delivery, a decision or an errand ended).
+    async fn resume(
+        &self,
+        tx: &mut Tx<'_>,
+        c: &StepCtx<'_>,
+        out: &mut StepOutcome,
+    ) -> Result<Next, StoreError> {
+        let _ = (tx, c, out);
+        Err(StoreError::Corrupt(format!(
+            "a {} step does not wait",
+            c.step().action().as_str()
+        )))
+    }
 }
 
 /// What executing a step needs besides the run.
@@ -240,14 +280,36 @@ impl StepCtx<'_> {
         }
     }
 
-    /// The step failed: the run fails with it, or goes on (`continue`).
-    pub(crate) fn failed(&self, output: Value, why: Failure, on_failure: OnFailure) -> Next {
+    /// The step ended done with its kind's output: on to the next step.
+    pub(crate) fn done<K: StepKind>(&self, _kind: &K, output: &K::Output) -> Next {
+        Next::Advance(self.entry(StepStatus::Done, output_json(output), None))
+    }
+
+    /// The step failed (with its kind's output, when it has one): the run
+    /// fails with it, or goes on (`continue`).
+    pub(crate) fn failed<K: StepKind>(
+        &self,
+        _kind: &K,
+        output: Option<&K::Output>,
+        why: Failure,
+        on_failure: OnFailure,
+    ) -> Next {
+        self.failed_with(output.map_or(Value::Null, output_json), why, on_failure)
+    }
+
+    /// As [`StepCtx::failed`], with an output of any shape.
+    pub(crate) fn failed_with(&self, output: Value, why: Failure, on_failure: OnFailure) -> Next {
         let entry = self.entry(StepStatus::Failed, output, Some(&why));
         match on_failure {
             OnFailure::Fail => Next::Fail(entry, why),
             OnFailure::Continue => Next::Advance(entry),
         }
     }
+}
+
+/// A step's output as the trace stores it.
+fn output_json<O: Serialize>(output: &O) -> Value {
+    serde_json::to_value(output).unwrap_or(Value::Null)
 }
 
 /// Whether the step's condition holds (true without one). Checked at

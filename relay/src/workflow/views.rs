@@ -5,7 +5,6 @@ use protocol::api::{CauseKind, CauseView, RunError, RunStatus, RunView, StepStat
 use protocol::workflow::{Action, Definition, Step};
 use serde_json::Value;
 
-use super::ask_agent::ask_timeout;
 use super::step::{end_run, load_run, Failure, TraceEntry};
 use crate::persistence::db::{named, Pool, Row, Tx, Q};
 use crate::persistence::StoreError;
@@ -147,7 +146,7 @@ pub async fn reopen_at(
         .ok()
         .and_then(|i| def.steps.get(i));
     let timeout = match step {
-        Some(s @ Step::AskAgent { timeout_secs, .. }) if s.id() == step_id => ask_timeout(*timeout_secs),
+        Some(Step::AskAgent(ask)) if ask.id == step_id => ask.timeout(),
         _ => return Ok(false),
     };
     if run.trace.last().is_some_and(|e| e.step == step_id) {

@@ -106,13 +106,15 @@ enum Point {
     RelayBeforeWebhookSend,
     /// After the webhook server answered, before the answer is recorded.
     RelayAfterWebhookSend,
+    /// After the answer was recorded (committed), before the run goes on.
+    RelayAfterWebhookAnswer,
     /// In the transaction that ends an approval step, after the decision
     /// committed (the run waited for it).
     RelayWhileAwaitingApproval,
     Random,
 }
 
-const POINTS: [Point; 15] = [
+const POINTS: [Point; 16] = [
     Point::AgentBeforeClaim,
     Point::AgentAfterClaim,
     Point::AgentAfterRecordedWrite,
@@ -126,6 +128,7 @@ const POINTS: [Point; 15] = [
     Point::RelayAtTimerFiring,
     Point::RelayBeforeWebhookSend,
     Point::RelayAfterWebhookSend,
+    Point::RelayAfterWebhookAnswer,
     Point::RelayWhileAwaitingApproval,
     Point::Random,
 ];
@@ -159,6 +162,7 @@ impl Point {
             Point::RelayAtTimerFiring => ("relay", "delay:before_fire=kill*1"),
             Point::RelayBeforeWebhookSend => ("relay", "webhook:before_send=kill*1"),
             Point::RelayAfterWebhookSend => ("relay", "webhook:after_send=kill*1"),
+            Point::RelayAfterWebhookAnswer => ("relay", "webhook:after_answer=kill*1"),
             Point::RelayWhileAwaitingApproval => ("relay", "approval:before_end=kill*1"),
             Point::Random => return None,
         })

@@ -1,0 +1,97 @@
+//! `ask_agent`: as `send_message`, then the run waits for the deliveries'
+//! replies (`wait`: all or any), until its timeout.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::{seconds_or, Checking, OnFailure, StepKind, Wait};
+use crate::api::DeliveryStatus;
+use crate::workflow::DefinitionError;
+
+/// Shortest and longest wait of an `ask_agent` step, and its default.
+pub const ASK_TIMEOUT_SECS: std::ops::RangeInclusive<u64> = 60..=604_800;
+pub const DEFAULT_ASK_TIMEOUT_SECS: u64 = 3600;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AskAgent {
+    pub id: String,
+    pub text: String,
+    #[serde(default)]
+    pub reply_in_thread: bool,
+    #[serde(default)]
+    pub wait: Wait,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_secs: Option<u64>,
+    #[serde(default)]
+    pub on_failure: OnFailure,
+    #[serde(rename = "if", default, skip_serializing_if = "Option::is_none")]
+    pub condition: Option<String>,
+}
+
+impl AskAgent {
+    /// How long the step waits, in seconds (its default when unset).
+    pub fn timeout(&self) -> i64 {
+        seconds_or(self.timeout_secs, DEFAULT_ASK_TIMEOUT_SECS)
+    }
+}
+
+/// How an `ask_agent` step ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AskStatus {
+    Delivered,
+    Failed,
+    TimedOut,
+}
+
+/// An `ask_agent` step's output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct AskOutput {
+    /// The step's message (hex event id).
+    pub event_id: String,
+    pub status: AskStatus,
+    /// The first delivered reply's text (empty when none).
+    pub reply: String,
+    /// Every delivery's end, in the order they ended.
+    pub replies: Vec<AskReply>,
+}
+
+/// One delivery of an `ask_agent` step, as its output lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct AskReply {
+    /// The agent (hex pubkey).
+    pub agent: String,
+    pub delivery_id: String,
+    #[schemars(with = "String")]
+    pub status: DeliveryStatus,
+    /// The reply's event id (hex), when there is one.
+    pub event_id: Option<String>,
+    /// The reply's text (empty when none).
+    pub text: String,
+}
+
+impl StepKind for AskAgent {
+    type Output = AskOutput;
+
+    fn id(&self) -> &str {
+        &self.id
+    }
+    fn condition(&self) -> Option<&str> {
+        self.condition.as_deref()
+    }
+    fn text(&self) -> Option<&str> {
+        Some(&self.text)
+    }
+    fn message(&self) -> Option<(&str, bool)> {
+        Some((&self.text, self.reply_in_thread))
+    }
+    fn check(&self, at: &Checking<'_>) -> Result<(), DefinitionError> {
+        at.seconds("timeout_secs", self.timeout_secs, ASK_TIMEOUT_SECS)?;
+        if at.template.is_some_and(|t| crate::template::mentions(t).is_empty()) {
+            let why = "must mention at least one agent (nostr:npub1… or nostr:nprofile1…)";
+            return Err(at.field("text", why));
+        }
+        Ok(())
+    }
+}
