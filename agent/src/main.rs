@@ -5,8 +5,9 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
-use futures_util::{SinkExt, StreamExt};
-use nostr::prelude::{EventBuilder, FinalizeEvent, Keys, Kind, PublicKey, Tag};
+use client::ws;
+use futures_util::StreamExt;
+use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, PublicKey, Tag};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
 
@@ -96,77 +97,30 @@ fn read_key(file: Option<&PathBuf>, env: &str) -> anyhow::Result<Keys> {
     Ok(client::keyfile::load(env, file.map(PathBuf::as_path))?)
 }
 
-type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+/// How long one exchange with the relay may take (connect, authenticate,
+/// and the answer awaited).
+const EXCHANGE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Connects and authenticates (NIP-42) as `keys`.
-async fn connect_authed(url: &str, keys: &Keys) -> anyhow::Result<Ws> {
-    let (mut ws, _) = tokio_tungstenite::connect_async_with_config(url, None, true)
-        .await
-        .context("connecting to the relay")?;
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-    let mut auth_id = None;
-    loop {
-        let msg = tokio::time::timeout_at(deadline, ws.next())
-            .await
-            .context("no answer from the relay")?;
-        let Some(Ok(Message::Text(t))) = msg else {
-            bail!("connection closed during authentication")
-        };
-        let v: Value = serde_json::from_str(t.as_str())?;
-        match v[0].as_str() {
-            Some("AUTH") => {
-                let ev = protocol::nip42::auth_event(keys, url, v[1].as_str().unwrap_or_default());
-                auth_id = Some(ev.id.to_hex());
-                ws.send(Message::Text(json!(["AUTH", ev]).to_string().into()))
-                    .await?;
-            }
-            Some("OK") if auth_id.as_deref() == v[1].as_str() => {
-                if v[2] != true {
-                    bail!("authentication refused: {}", v[3]);
-                }
-                return Ok(ws);
-            }
-            _ => {}
-        }
-    }
+/// Authenticates (NIP-42), publishes `event` and returns the relay's `OK`.
+async fn publish_authed(url: &str, keys: &Keys, event: &Event) -> anyhow::Result<(bool, String)> {
+    let ws = ws::connect_authed(url, keys, EXCHANGE_TIMEOUT).await?;
+    send_event(ws, event).await
 }
 
-/// Authenticates, sends the messages `fill` adds, and waits for the OK of `id`.
-async fn session(
-    url: &str,
-    keys: &Keys,
-    fill: impl FnOnce(&mut Vec<Value>),
-    id: &str,
-) -> anyhow::Result<(bool, String)> {
-    let mut ws = connect_authed(url, keys).await?;
-    let mut out = Vec::new();
-    fill(&mut out);
-    for m in out {
-        ws.send(Message::Text(m.to_string().into())).await?;
-    }
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let msg = tokio::time::timeout_at(deadline, ws.next())
-            .await
-            .context("no answer from the relay")?;
-        let Some(Ok(Message::Text(t))) = msg else {
-            bail!("connection closed before the answer")
-        };
-        let v: Value = serde_json::from_str(t.as_str())?;
-        if v[0] == "OK" && v[1] == id {
-            let _ = ws.close(None).await;
-            return Ok((v[2] == true, v[3].as_str().unwrap_or_default().to_string()));
-        }
-    }
+/// Sends `event`, waits for its `OK`, and closes.
+async fn send_event(mut ws: ws::Socket, event: &Event) -> anyhow::Result<(bool, String)> {
+    let id = event.id.to_hex();
+    let ok = ws::send_and_wait_ok(&mut ws, json!(["EVENT", event]), &id, EXCHANGE_TIMEOUT).await?;
+    let _ = ws.close(None).await;
+    Ok(ok)
 }
 
 /// Authenticates and collects stored events for one filter.
 async fn query(url: &str, keys: &Keys, filter: Value) -> anyhow::Result<Vec<Value>> {
-    let mut ws = connect_authed(url, keys).await?;
-    ws.send(Message::Text(json!(["REQ", "q", filter]).to_string().into()))
-        .await?;
+    let mut ws = ws::connect_authed(url, keys, EXCHANGE_TIMEOUT).await?;
+    ws::send(&mut ws, &json!(["REQ", "q", filter])).await?;
     let mut events = Vec::new();
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + EXCHANGE_TIMEOUT;
     loop {
         let msg = tokio::time::timeout_at(deadline, ws.next())
             .await
@@ -186,28 +140,12 @@ async fn query(url: &str, keys: &Keys, filter: Value) -> anyhow::Result<Vec<Valu
     Ok(events)
 }
 
-/// Publishes one event and returns the relay's OK.
-async fn publish(url: &str, event: &nostr::prelude::Event) -> anyhow::Result<(bool, String)> {
-    let (mut ws, _) = tokio_tungstenite::connect_async_with_config(url, None, true)
+/// Publishes one event without authenticating and returns the relay's OK.
+async fn publish(url: &str, event: &Event) -> anyhow::Result<(bool, String)> {
+    let (ws, _) = tokio_tungstenite::connect_async_with_config(url, None, true)
         .await
         .context("connecting to the relay")?;
-    ws.send(Message::Text(json!(["EVENT", event]).to_string().into()))
-        .await?;
-    let id = event.id.to_hex();
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let msg = tokio::time::timeout_at(deadline, ws.next())
-            .await
-            .context("no answer from the relay")?;
-        let Some(Ok(Message::Text(t))) = msg else {
-            bail!("connection closed before the answer")
-        };
-        let v: Value = serde_json::from_str(t.as_str())?;
-        if v[0] == "OK" && v[1] == id.as_str() {
-            let _ = ws.close(None).await;
-            return Ok((v[2] == true, v[3].as_str().unwrap_or_default().to_string()));
-        }
-    }
+    send_event(ws, event).await
 }
 
 fn main() -> anyhow::Result<()> {
@@ -253,13 +191,7 @@ fn main() -> anyhow::Result<()> {
                 let ev = EventBuilder::new(Kind::from_u16(kind), content)
                     .tags(tags)
                     .finalize(&keys)?;
-                let (ok, msg) = session(
-                    &relay,
-                    &keys,
-                    |ws_events| ws_events.push(json!(["EVENT", ev])),
-                    &ev.id.to_hex(),
-                )
-                .await?;
+                let (ok, msg) = publish_authed(&relay, &keys, &ev).await?;
                 if !ok {
                     bail!("refused: {msg}");
                 }

@@ -1,4 +1,5 @@
-//! The agent's WebSocket link to the relay: answers NIP-42, subscribes to
+//! The agent's WebSocket link to the relay: authenticates (NIP-42,
+//! `client::ws`), subscribes to
 //! its wake hints, serves `REQ`-by-id queries, and reconnects with backoff
 //! and jitter. One task owns the socket; others talk to it by message.
 
@@ -14,6 +15,8 @@ use tokio_util::sync::CancellationToken;
 
 /// How long a query may take.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long connecting and authenticating (NIP-42) may take.
+const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
 /// Queries waiting for the socket, at most.
 const MAX_PENDING_QUERIES: usize = 256;
 
@@ -139,20 +142,23 @@ async fn session(
     cmds: &mut mpsc::Receiver<Cmd>,
     subscribed: &mut bool,
 ) -> Result<(), String> {
-    let (mut ws, _) = tokio_tungstenite::connect_async_with_config(url, None, true)
+    let mut ws = client::ws::connect_authed(url, keys, AUTH_TIMEOUT)
         .await
-        .map_err(|e| format!("connect: {e}"))?;
+        .map_err(|e| e.to_string())?;
     let me = keys.public_key().to_hex();
+    let req = json!(["REQ", "wakes", {"kinds": [protocol::kinds::WAKE_HINT], "#p": [me], "limit": 0}]);
+    ws.send(Message::Text(req.to_string().into()))
+        .await
+        .map_err(|e| e.to_string())?;
     let mut pending: Pending = HashMap::new();
     let mut next_query = 0u64;
-    let mut authed = false;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => {
                 let _ = ws.close(None).await;
                 return Ok(());
             }
-            cmd = cmds.recv(), if authed => {
+            cmd = cmds.recv() => {
                 let Some(Cmd::Query { filter, reply }) = cmd else { return Ok(()) };
                 next_query += 1;
                 let sub = format!("q{next_query}");
@@ -172,19 +178,6 @@ async fn session(
                 };
                 let Ok(v) = serde_json::from_str::<Value>(text.as_str()) else { continue };
                 match v[0].as_str() {
-                    Some("AUTH") => {
-                        let challenge = v[1].as_str().unwrap_or_default();
-                        let ev = protocol::nip42::auth_event(keys, url, challenge);
-                        ws.send(Message::Text(json!(["AUTH", ev]).to_string().into())).await.map_err(|e| e.to_string())?;
-                    }
-                    Some("OK") if !authed => {
-                        if v[2] != true {
-                            return Err(format!("authentication refused: {}", v[3]));
-                        }
-                        authed = true;
-                        let req = json!(["REQ", "wakes", {"kinds": [protocol::kinds::WAKE_HINT], "#p": [me], "limit": 0}]);
-                        ws.send(Message::Text(req.to_string().into())).await.map_err(|e| e.to_string())?;
-                    }
                     Some("EOSE") if v[1] == "wakes" => {
                         tracing::info!("subscribed to wake hints");
                         *subscribed = true;

@@ -3,12 +3,11 @@
 //! Every failure says what failed and what to try.
 
 use ::client::http::{ApiError, Http, CALL_TIMEOUT};
+use ::client::ws::{self, WsError};
 use anyhow::{anyhow, bail, Context};
-use futures_util::{SinkExt, StreamExt};
 use nostr::prelude::{Event, Keys};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
-use tokio_tungstenite::tungstenite::Message;
 
 /// A relay (one community's host) and the key that signs.
 pub struct Relay {
@@ -70,56 +69,19 @@ impl Relay {
     /// Publishes `event` over WebSocket, authenticated (NIP-42) as the key;
     /// returns the relay's `OK` message when accepted.
     pub async fn publish(&self, event: &Event) -> anyhow::Result<String> {
-        let connect = tokio_tungstenite::connect_async(self.ws.as_str());
-        let (mut ws, _) = tokio::time::timeout(CALL_TIMEOUT, connect)
+        let mut ws = ws::connect_authed(&self.ws, &self.keys, CALL_TIMEOUT)
             .await
-            .map_err(|_| anyhow!("connecting to {}: no answer within {CALL_TIMEOUT:?}", self.ws))?
-            .with_context(|| format!("connecting to {} (is the relay running there?)", self.ws))?;
-        let challenge = loop {
-            let msg = next_json(&mut ws).await?;
-            if msg[0] == "AUTH" {
-                break msg[1].as_str().unwrap_or_default().to_string();
-            }
-        };
-        let auth = protocol::nip42::auth_event(&self.keys, &self.ws, &challenge);
-        let (ok, msg) = send_and_wait_ok(&mut ws, json!(["AUTH", auth]), &auth.id.to_hex()).await?;
-        if !ok {
-            bail!("the relay refused authentication: {msg}");
-        }
-        let (ok, msg) = send_and_wait_ok(&mut ws, json!(["EVENT", event]), &event.id.to_hex()).await?;
+            .map_err(|e| match e {
+                WsError::Connect { .. } => anyhow!("{e} (is the relay running there?)"),
+                e => anyhow!(e),
+            })?;
+        let (ok, msg) =
+            ws::send_and_wait_ok(&mut ws, json!(["EVENT", event]), &event.id.to_hex(), CALL_TIMEOUT).await?;
         let _ = ws.close(None).await;
         if !ok {
             bail!("the relay refused the event: {msg}");
         }
         Ok(msg)
-    }
-}
-
-type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
-async fn next_json(ws: &mut Socket) -> anyhow::Result<Value> {
-    loop {
-        let frame = tokio::time::timeout(CALL_TIMEOUT, ws.next())
-            .await
-            .map_err(|_| anyhow!("the relay said nothing within {CALL_TIMEOUT:?}"))?
-            .ok_or_else(|| anyhow!("the relay closed the connection"))??;
-        if let Message::Text(t) = frame {
-            return serde_json::from_str(t.as_str()).context("the relay sent something that is not JSON");
-        }
-    }
-}
-
-/// Sends `msg` and waits for the `OK` of `id`.
-async fn send_and_wait_ok(ws: &mut Socket, msg: Value, id: &str) -> anyhow::Result<(bool, String)> {
-    ws.send(Message::text(msg.to_string())).await?;
-    loop {
-        let v = next_json(ws).await?;
-        if v[0] == "OK" && v[1] == id {
-            return Ok((
-                v[2].as_bool().unwrap_or(false),
-                v[3].as_str().unwrap_or_default().to_string(),
-            ));
-        }
     }
 }
 
