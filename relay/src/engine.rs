@@ -248,8 +248,12 @@ async fn advance(state: &Arc<AppState>, community: &str, keys: &Keys, run_id: &s
 async fn pass(state: &Arc<AppState>, keys: &mut Communities, schedules_due: bool, sweep_due: bool) {
     for (community, k) in communities(state, keys).await {
         if schedules_due {
-            if let Err(e) = state.store.fire_schedules(&community).await {
-                tracing::warn!(community, error = %e, "schedules failed");
+            match state.store.fire_schedules(&community).await {
+                Ok(_) => {
+                    metrics::counter!(crate::telemetry::SCHEDULE_PASSES, "community" => community.clone())
+                        .increment(1)
+                }
+                Err(e) => tracing::warn!(community, error = %e, "schedules failed"),
             }
         }
         match state

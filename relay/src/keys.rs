@@ -132,9 +132,9 @@ pub fn move_out(record: &mut CommunityRecord, dir: &Path) -> Result<(), KeyError
     Ok(())
 }
 
-/// Creates `path` readable by its owner only, with `secret` and a newline,
-/// synced to disk before the database is told the key is there.
-fn write_new(path: &Path, secret: &str) -> std::io::Result<()> {
+/// Creates `path`, readable by its owner only (0600 on Unix), refusing
+/// one already there: the relay's one way to write a secret to disk.
+pub(crate) fn open_private(path: &Path) -> std::io::Result<std::fs::File> {
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true).create_new(true);
     #[cfg(unix)]
@@ -142,7 +142,13 @@ fn write_new(path: &Path, secret: &str) -> std::io::Result<()> {
         use std::os::unix::fs::OpenOptionsExt;
         opts.mode(0o600);
     }
-    let mut f = opts.open(path)?;
+    opts.open(path)
+}
+
+/// Creates `path` readable by its owner only, with `secret` and a newline,
+/// synced to disk before the database is told the key is there.
+fn write_new(path: &Path, secret: &str) -> std::io::Result<()> {
+    let mut f = open_private(path)?;
     f.write_all(secret.as_bytes())?;
     f.write_all(b"\n")?;
     f.sync_all()

@@ -18,6 +18,7 @@ pub const OLDEST_PENDING: &str = "relay_delivery_oldest_pending_seconds";
 pub const DELIVERY_WAIT: &str = "relay_delivery_wait_seconds";
 pub const TRANSITIONS: &str = "relay_delivery_transitions_total";
 pub const RUNS: &str = "relay_runs";
+pub const SCHEDULE_PASSES: &str = "relay_schedule_passes_total";
 pub const WRITE_BATCH: &str = "relay_write_batch_events";
 pub const BUILD_INFO: &str = "relay_build_info";
 
@@ -56,6 +57,10 @@ fn describe() {
     );
     describe_counter!(TRANSITIONS, "delivery status changes, by new status and code");
     describe_gauge!(RUNS, "workflow runs by status");
+    describe_counter!(
+        SCHEDULE_PASSES,
+        "passes of this process's engine over a community's schedules that completed"
+    );
     describe_histogram!(WRITE_BATCH, "events per group commit of the event writer");
     describe_gauge!(BUILD_INFO, "1, labelled with the relay's version");
 }

@@ -391,10 +391,30 @@ async fn v2_definitions_are_validated_at_publish(backend: Backend) {
     }
 }
 
+/// The schedule passes a relay process completed (its
+/// `relay_schedule_passes_total`, every community).
+async fn schedule_passes(relay: &Relay) -> f64 {
+    let addr = relay.metrics_addr.expect("metrics_listen is set");
+    let text = reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("relay_schedule_passes_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 async fn a_cron_slot_fires_once_with_two_processes(backend: Backend) {
     let store = Store::new(&backend);
-    let a = Relay::start_with(store.clone(), options());
-    let b = Relay::start_with(store.clone(), options());
+    let with_metrics = || RelayOptions {
+        config_toml: format!("metrics_listen = \"127.0.0.1:0\"\n{FAST}"),
+        ..Default::default()
+    };
+    let a = Relay::start_with(store.clone(), with_metrics());
+    let b = Relay::start_with(store.clone(), with_metrics());
     let mut fx = Fixture::new(&a, "ops", 0).await;
     fx.define(
         "minutely",
@@ -418,9 +438,22 @@ async fn a_cron_slot_fires_once_with_two_processes(backend: Backend) {
     assert!(!runs.is_empty(), "no slot fired within 75 s");
     let first: Value = serde_json::from_str(&runs[runs.len() - 1]).unwrap();
     let slot = first["cause"]["id"].as_str().unwrap().to_string();
-    // Both processes kept polling the schedule meanwhile: still one run
-    // and one message for that slot.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Both processes go on looking at the schedule: once each has
+    // completed two more passes (so one began after the run was seen),
+    // there is still one run and one message for that slot.
+    let seen = [schedule_passes(&a).await, schedule_passes(&b).await];
+    for _ in 0..200 {
+        let now = [schedule_passes(&a).await, schedule_passes(&b).await];
+        if now[0] >= seen[0] + 2.0 && now[1] >= seen[1] + 2.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let now = [schedule_passes(&a).await, schedule_passes(&b).await];
+    assert!(
+        now[0] >= seen[0] + 2.0 && now[1] >= seen[1] + 2.0,
+        "schedule passes since the run was seen: {seen:?} -> {now:?}"
+    );
     let slots: Vec<String> = b
         .cli(&["runs", "list", "--workflow", "minutely"])
         .lines()
