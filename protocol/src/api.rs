@@ -390,6 +390,25 @@ pub struct StepView {
     pub finished_at: Option<i64>,
     pub output: Option<Value>,
     pub error: Option<RunError>,
+    /// A `request_approval` step waiting for its decision: the request to
+    /// react to (`GET /runs/<id>` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalView>,
+}
+
+/// An approval request waiting for its decision: a NIP-25 reaction to
+/// `request_event_id` by one of `approvers` decides it (docs/workflows.md,
+/// `request_approval`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovalView {
+    /// The request message (hex event id): the event to react to.
+    pub request_event_id: String,
+    /// Its text as posted.
+    pub text: String,
+    /// Who may decide (hex pubkeys, the owner first).
+    pub approvers: Vec<String>,
+    /// When it times out without a decision (unix seconds).
+    pub deadline: i64,
 }
 
 /// A run as listed (`GET /workflows/<id>/runs`) and shown (`GET /runs/<id>`).

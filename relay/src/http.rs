@@ -169,11 +169,16 @@ pub async fn read_body(
     }
 }
 
-/// How long an auth event is remembered: past the window in which it could
+/// How an auth event is remembered: by its signature, so that the same
+/// header sent again is a replay while two signings of one request (the
+/// same id when made in the same second) are two requests (BIP-340
+/// signatures are not malleable: no one without the key makes another
+/// valid one for an id); and until past the window in which it could
 /// still be accepted.
 fn spend_of(event: &nostr::prelude::Event) -> HttpAuthUse {
+    use sha2::Digest;
     HttpAuthUse {
-        event_id: event.id.to_bytes(),
+        key: sha2::Sha256::digest(event.sig.as_bytes()).into(),
         keep_until: i64::try_from(event.created_at.as_secs() + 2 * protocol::nip98::MAX_SKEW_SECS)
             .unwrap_or(i64::MAX),
     }
@@ -193,7 +198,7 @@ impl axum::extract::FromRequest<Arc<AppState>> for Authed {
         let spend = spend_of(&event);
         match state
             .store
-            .use_http_auth(&tenant.community.id, &spend.event_id, spend.keep_until)
+            .use_http_auth(&tenant.community.id, &spend.key, spend.keep_until)
             .await
         {
             Ok(true) => Ok(Authed {

@@ -21,11 +21,17 @@ const CHROMIUM: &str = "/usr/bin/chromium";
 const WAIT: Duration = Duration::from_secs(20);
 
 /// The injected signer: `getPublicKey` answers the key given as
-/// `arguments[0]`; `signEvent` waits until the test has signed.
+/// `arguments[0]`; `signEvent` waits until the test has signed. It also
+/// records every error the page shows (`#error`) in `__pageErrors`.
 const SIGNER_JS: &str = r#"
 const pubkey = arguments[0];
 window.__signQueue = [];
 window.__signWaiters = {};
+window.__pageErrors = [];
+new MutationObserver(() => {
+  const e = document.getElementById("error");
+  if (e && e.textContent) window.__pageErrors.push(e.textContent);
+}).observe(document.body, { childList: true, subtree: true });
 window.nostr = {
   getPublicKey: async () => pubkey,
   signEvent: (ev) => new Promise((resolve) => {
@@ -121,6 +127,17 @@ impl Browser {
         }
         self.pump = Some(tokio::spawn(pump(self.client.clone(), Arc::new(keys.clone()))));
         self.click("#signin-button").await;
+    }
+
+    /// The errors the page has shown (`#error`, "Something went wrong")
+    /// since the last sign-in.
+    pub async fn page_errors(&self) -> Vec<String> {
+        let v = self
+            .client
+            .execute("return window.__pageErrors || [];", vec![])
+            .await
+            .expect("read the page's errors");
+        serde_json::from_value(v).unwrap_or_default()
     }
 
     /// Waits for an element matching `css`.

@@ -477,6 +477,27 @@ async fn nip98_failures_are_named(backend: Backend) {
     assert_eq!(v["pubkey"], hex(&k));
     let (status, v) = http_raw(&base, &host, "GET", "/me", Some(&good), b"").await;
     assert_eq!((status, code(&v).as_str()), (401, "auth_replayed"));
+    // The same request signed twice in one second (as a client without a
+    // nonce does: one id, two signatures) is two requests; each header
+    // sent again is a replay.
+    let twice: Vec<String> = {
+        use nostr::prelude::{EventBuilder, FinalizeEvent, Kind, Tag, Timestamp};
+        let unsigned = EventBuilder::new(Kind::from_u16(27235), "")
+            .tags([Tag::custom("u", [url.as_str()]), Tag::custom("method", ["GET"])])
+            .custom_created_at(Timestamp::from_secs(tests::now()));
+        let events: Vec<_> = (0..2).map(|_| unsigned.clone().finalize(&k).unwrap()).collect();
+        assert_eq!(events[0].id, events[1].id);
+        assert_ne!(events[0].sig, events[1].sig);
+        events.iter().map(protocol::nip98::header_value).collect()
+    };
+    for header in &twice {
+        let (status, v) = http_raw(&base, &host, "GET", "/me", Some(header), b"").await;
+        assert_eq!(status, 200, "{v}");
+    }
+    for header in &twice {
+        let (status, v) = http_raw(&base, &host, "GET", "/me", Some(header), b"").await;
+        assert_eq!((status, code(&v).as_str()), (401, "auth_replayed"));
+    }
     // Unknown host: 404 before any auth.
     let (status, v) = http_raw(&base, "nobody.test", "GET", "/me", Some(&good), b"").await;
     assert_eq!((status, code(&v).as_str()), (404, "unknown_host"));

@@ -64,6 +64,9 @@ async fn the_dashboard_for_an_owner_an_admin_and_a_stranger() {
     b.wait_for("#who[data-role=owner]").await;
     b.wait_text("#d-delivered .n", "1").await;
     b.wait_text("#d-failed .n", "1").await;
+    // Signing in fetched the overview twice in a second (the sign-in's
+    // check, then the page): neither was refused.
+    assert_eq!(b.page_errors().await, Vec::<String>::new());
     b.screenshot("overview").await;
     b.show("#/workflows").await;
     b.wait_for("tr[data-workflow=triage]").await;
@@ -107,6 +110,32 @@ async fn the_dashboard_for_an_owner_an_admin_and_a_stranger() {
         &format!("retried by {}", fx.owner.public_key().to_hex()),
     )
     .await;
+    // An approval waits on its run's page: the request's text and who may
+    // decide; the owner approves from the page (a reaction signed through
+    // NIP-07) and the run goes on.
+    fx.define(
+        "gate",
+        &json!({"name": "gate", "trigger": {"on": "manual"}, "steps": [
+            {"id": "ok", "action": "request_approval", "text": "ship the release?"},
+            {"id": "after", "action": "send_message", "text": "shipped"}]}),
+    )
+    .await;
+    let gated = start_run(&relay, &fx.owner, "gate", json!({})).await;
+    run_until(&relay, &fx.owner, &gated, 20, |r| r["status"] == "waiting").await;
+    b.show(&format!("#/run/{gated}")).await;
+    b.wait_text(".approval blockquote", "ship the release?").await;
+    b.wait_text(".approval", &fx.owner.public_key().to_hex()[..8])
+        .await;
+    b.screenshot("approval").await;
+    b.click("#approve").await;
+    b.wait_for("#run-status [data-status=completed]").await;
+    let run = run_until(&relay, &fx.owner, &gated, 20, tests::workflow::ended).await;
+    assert_eq!(run["steps"][0]["output"]["decision"], "approved", "{run}");
+    assert_eq!(
+        run["steps"][0]["output"]["by"],
+        fx.owner.public_key().to_hex().as_str()
+    );
+    assert_eq!(b.page_errors().await, Vec::<String>::new());
     b.close().await;
 
     // The admin: the community's agents and channels; a ban.
@@ -117,6 +146,7 @@ async fn the_dashboard_for_an_owner_an_admin_and_a_stranger() {
     b.wait_text("main table", &fx.agents[0].public_key().to_hex()[..8])
         .await;
     b.screenshot("agents").await;
+    assert_eq!(b.page_errors().await, Vec::<String>::new());
     b.show("#/channels").await;
     b.wait_text("main table", "ops").await;
     b.screenshot("channels").await;

@@ -6,7 +6,7 @@
 "use strict";
 (() => {
   const S = { pubkey: null, role: null, relayPubkey: null, socket: null, liveReady: false,
-              subs: new Map(), seq: 0, refreshTimer: null, rendering: false, backoffMs: 1000 };
+              subs: new Map(), oks: new Map(), seq: 0, refreshTimer: null, rendering: false, backoffMs: 1000 };
   const REFRESH_MS = 5000;        // lists also refresh on their own (claims post no event)
   const MAX_QUERY_EVENTS = 200;   // a query over the live socket keeps at most this many
   const $ = (id) => document.getElementById(id);
@@ -67,7 +67,10 @@
     return window.nostr.signEvent({ kind, tags, content: content || "", created_at: Math.floor(Date.now() / 1000) });
   }
   async function authHeader(method, path, body) {
-    const tags = [["u", location.origin + path], ["method", method]];
+    // A random nonce: two calls of one URL in one second are two events
+    // even with a signer whose signatures are deterministic.
+    const nonce = Array.from(crypto.getRandomValues(new Uint8Array(16)), (b) => b.toString(16).padStart(2, "0")).join("");
+    const tags = [["u", location.origin + path], ["method", method], ["nonce", nonce]];
     if (body) tags.push(["payload", await sha256hex(body)]);
     return "Nostr " + b64(JSON.stringify(await sign(27235, tags)));
   }
@@ -106,6 +109,10 @@
         S.liveReady = true;
         $("live").textContent = "live";
         ws.send(JSON.stringify(["REQ", "live", { kinds: [9, 1985], since: Math.floor(Date.now() / 1000) }]));
+      } else if (msg[0] === "OK" && S.oks.has(msg[1])) {
+        const done = S.oks.get(msg[1]);
+        S.oks.delete(msg[1]);
+        done({ accepted: msg[2] === true, message: String(msg[3] || "") });
       } else if (msg[0] === "EVENT" && msg[1] === "live") {
         scheduleRefresh(400);
       } else if ((msg[0] === "EVENT" || msg[0] === "EOSE" || msg[0] === "CLOSED") && S.subs.has(msg[1])) {
@@ -116,12 +123,22 @@
     };
     ws.onclose = () => {
       S.liveReady = false;
+      for (const done of S.oks.values()) done({ accepted: false, message: "the connection closed before the relay answered" });
+      S.oks.clear();
       $("live").textContent = "reconnecting…";
       for (const q of S.subs.values()) q.done(q.events);
       S.subs.clear();
       setTimeout(connectLive, S.backoffMs);
       S.backoffMs = Math.min(S.backoffMs * 2, 30000);
     };
+  }
+  // Publishes an event signed here over the live socket: the relay's OK.
+  function publish(ev) {
+    if (!S.liveReady) return Promise.resolve({ accepted: false, message: "the live connection is not ready yet: try again" });
+    return new Promise((done) => {
+      S.oks.set(ev.id, done);
+      S.socket.send(JSON.stringify(["EVENT", ev]));
+    });
   }
   // Stored events matching `filter` (empty while the socket is not ready).
   function query(filter) {
@@ -231,9 +248,16 @@
       el("div", { class: "row" }, w.enabled ? toggle : ""),
       el("h2", {}, "Runs"),
       table(["Run", "Status", "Step", "Cause", "Created", "Error"], runs.runs.map((r) => ({ cells: [
-        link("#/run/" + r.id, r.id), badge(r.status), `${r.current_step}/${r.steps.length}`, r.cause.type, when(r.created_at),
+        link("#/run/" + r.id, r.id), badge(r.status), stepAt(r), r.cause.type, when(r.created_at),
         r.error ? r.error.code : "-"] }))),
       el("h2", {}, "Definition"), pre(w.definition));
+  }
+
+  // The step a run is at (1-based) of how many, with its id; n/n once done.
+  function stepAt(r) {
+    const n = r.steps.length;
+    const s = r.steps[r.current_step];
+    return s ? `${r.current_step + 1}/${n} ${s.id}` : `${n}/${n}`;
   }
 
   async function run(id) {
@@ -253,11 +277,36 @@
         el("strong", {}, s.id), " ", el("span", { class: "muted" }, s.action), " ", badge(s.status),
         el("div", { class: "muted" }, "started ", when(s.started_at), " · finished ", when(s.finished_at)),
         s.error ? el("div", { class: "error" }, `${s.error.code}: ${s.error.message}`) : "",
+        s.approval ? approval(r, s.approval) : "",
         s.output ? pre(s.output) : ""))),
       el("h2", {}, "Deliveries"), deliveriesTable(rows),
       el("h2", {}, "Message and replies"),
       events.length ? el("ul", { id: "messages" }, events.sort((a, b) => a.created_at - b.created_at).map((e) =>
         el("li", {}, el("span", { class: "mono" }, short(e.pubkey)), ": ", e.content))) : el("p", { class: "muted" }, "none"));
+  }
+
+  // A request_approval step waiting: the request, who may decide, and for
+  // an approver Approve / Deny, a NIP-25 reaction signed here (the same
+  // rule as a reaction from any client).
+  function approval(r, a) {
+    const decide = (label, id, content, cls) => el("button", { type: "button", id, class: cls, onclick: async () => {
+      try {
+        const tags = [["e", a.request_event_id], ["h", r.channel]];
+        if (S.relayPubkey) tags.push(["p", S.relayPubkey]);
+        const ev = await sign(7, tags, content);
+        const ok = await publish(ev);
+        if (!ok.accepted) throw new Error("the relay refused the reaction: " + ok.message);
+        flash("Done: " + label.toLowerCase());
+      } catch (e) { flash(e.message, true); }
+      render();
+    } }, label);
+    const mine = a.approvers.includes(S.pubkey);
+    return el("div", { class: "approval", id: "approval-" + a.request_event_id },
+      el("p", {}, "Waits for a decision: a reaction (", el("code", {}, "+"), " or a thumbs-up approves, ", el("code", {}, "-"),
+        " or a thumbs-down denies) by an approver to the request ", el("span", { class: "mono" }, short(a.request_event_id)), "; times out ", when(a.deadline), "."),
+      el("blockquote", {}, a.text),
+      el("p", { class: "muted" }, "Approvers: ", a.approvers.flatMap((p, i) => [i ? ", " : "", el("span", { class: "mono", title: p }, short(p))])),
+      mine ? el("div", { class: "row" }, decide("Approve", "approve", "+", "secondary"), decide("Deny", "deny", "-", "danger")) : "");
   }
 
   function deliveriesTable(rows) {

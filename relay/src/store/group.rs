@@ -37,7 +37,9 @@ use crate::refusal::{Answer, CallError, Refusal};
 /// makes the call answer 401 `auth_replayed` without running it.
 #[derive(Debug, Clone, Copy)]
 pub struct HttpAuthUse {
-    pub event_id: [u8; 32],
+    /// What identifies this signed event: SHA-256 of its signature (see
+    /// `http::spend_of`).
+    pub key: [u8; 32],
     /// Unix seconds until which the record is kept (then swept).
     pub keep_until: i64,
 }
@@ -196,10 +198,7 @@ async fn spend_all(tx: &mut Tx<'_>, batch: &[Box<dyn Queued>]) -> Result<Vec<Opt
         .collect();
     let mut firsts: Vec<(&str, &HttpAuthUse)> = Vec::with_capacity(batch.len());
     for (community, auth) in keys.iter().flatten() {
-        if !firsts
-            .iter()
-            .any(|(c, a)| c == community && a.event_id == auth.event_id)
-        {
+        if !firsts.iter().any(|(c, a)| c == community && a.key == auth.key) {
             firsts.push((community, auth));
         }
     }
@@ -210,7 +209,7 @@ async fn spend_all(tx: &mut Tx<'_>, batch: &[Box<dyn Queued>]) -> Result<Vec<Opt
     let mut q = Q::new("INSERT INTO http_auth_seen (community_id, event_id, expires_at) VALUES ");
     for (k, (community, auth)) in firsts.iter().enumerate() {
         d.push_values_row(&mut q.sql, k, 3);
-        q = q.bind(*community).bind(auth.event_id).bind(auth.keep_until);
+        q = q.bind(*community).bind(auth.key).bind(auth.keep_until);
     }
     q.sql
         .push_str(" ON CONFLICT DO NOTHING RETURNING community_id, event_id");
@@ -233,10 +232,7 @@ async fn spend_all(tx: &mut Tx<'_>, batch: &[Box<dyn Queued>]) -> Result<Vec<Opt
         .iter()
         .map(|k| {
             k.map(|(community, auth)| {
-                match fresh
-                    .iter()
-                    .position(|(c, e)| c == community && *e == auth.event_id)
-                {
+                match fresh.iter().position(|(c, e)| c == community && *e == auth.key) {
                     Some(i) => {
                         fresh.swap_remove(i);
                         true
@@ -328,7 +324,7 @@ impl Calls {
         // bytes pick a writer evenly.
         let key = match (call.caller(), &spends) {
             (Some(pk), _) => pk.to_bytes(),
-            (None, Some(auth)) => auth.event_id,
+            (None, Some(auth)) => auth.key,
             (None, None) => [0; 32],
         };
         let pick = usize::from(u16::from_le_bytes([key[0], key[1]])) % self.txs.len();

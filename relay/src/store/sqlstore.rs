@@ -279,15 +279,16 @@ impl Store {
         rows.iter().map(|r| r.text(0)).collect()
     }
 
-    /// Records a NIP-98 auth event as used; `false` when it already was.
+    /// Records a NIP-98 auth event (by its key, `HttpAuthUse::key`) as
+    /// used; `false` when it already was.
     pub async fn use_http_auth(
         &self,
         community: &str,
-        event_id: &[u8; 32],
+        key: &[u8; 32],
         expires_at: i64,
     ) -> Result<bool, StoreError> {
         let auth = HttpAuthUse {
-            event_id: *event_id,
+            key: *key,
             keep_until: expires_at,
         };
         let call = crate::store::calls::HttpAuth {

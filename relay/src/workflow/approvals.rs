@@ -9,6 +9,7 @@
 //! decision stored while no engine looked is found when one does.
 
 use nostr::prelude::{Event, PublicKey};
+use protocol::api::ApprovalView;
 use protocol::approval::{self, Decision};
 
 use crate::persistence::db::{Tx, Q};
@@ -169,5 +170,43 @@ pub async fn decided(
         by: hex_of("decided_by")?,
         event_id: hex_of("decision_event_id")?,
         request_event_id: hex_of("request_event_id")?,
+    }))
+}
+
+/// A step's approval request while it waits for its decision (none once
+/// decided): what to react to, its text, who may decide and until when.
+pub async fn waiting(
+    tx: &mut Tx<'_>,
+    community: &str,
+    run_id: &str,
+    step_id: &str,
+) -> Result<Option<ApprovalView>, StoreError> {
+    let row = tx
+        .one(
+            Q::new(
+                "SELECT a.request_event_id, a.approvers, a.deadline, e.raw FROM workflow_approvals a \
+                 LEFT JOIN events e ON e.community_id = a.community_id AND e.id = a.request_event_id \
+                 WHERE a.community_id = $1 AND a.run_id = $2 AND a.step_id = $3 AND a.decision IS NULL",
+            )
+            .bind(community)
+            .bind(run_id)
+            .bind(step_id),
+        )
+        .await?;
+    let Some(r) = row else { return Ok(None) };
+    let corrupt = |e: serde_json::Error| StoreError::Corrupt(format!("approval request: {e}"));
+    let approvers: Vec<String> = serde_json::from_str(&r.text("approvers")?).map_err(corrupt)?;
+    let text = match r.opt_text("raw")? {
+        Some(raw) => serde_json::from_str::<serde_json::Value>(&raw).map_err(corrupt)?["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        None => String::new(),
+    };
+    Ok(Some(ApprovalView {
+        request_event_id: hex::encode(r.id32("request_event_id")?),
+        text,
+        approvers,
+        deadline: r.int("deadline")?,
     }))
 }

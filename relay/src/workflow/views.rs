@@ -290,6 +290,7 @@ pub(crate) fn step_views(def: Option<&Definition>, trace: &[TraceEntry], at: &Cu
         finished_at: e.finished_at,
         output: Some(e.output.clone()),
         error: e.error.clone(),
+        approval: None,
     };
     let Some(def) = def else {
         return trace.iter().map(ended).collect();
@@ -321,6 +322,7 @@ pub(crate) fn step_views(def: Option<&Definition>, trace: &[TraceEntry], at: &Cu
                 error: (status == StepStatus::Failed)
                     .then(|| at.error.cloned())
                     .flatten(),
+                approval: None,
             }
         })
         .collect()
@@ -344,5 +346,12 @@ pub async fn show_run(tx: &mut Tx<'_>, community: &str, run_id: &str) -> Result<
     run.trigger_context =
         Some(serde_json::from_str::<Value>(&r.text("trigger_context")?).unwrap_or(Value::Null));
     run.channel = Some(r.text("channel")?);
+    let waiting = run
+        .steps
+        .iter_mut()
+        .find(|s| s.status == StepStatus::Waiting && s.action == Action::RequestApproval.as_str());
+    if let Some(step) = waiting {
+        step.approval = crate::workflow::approvals::waiting(tx, community, run_id, &step.id).await?;
+    }
     Ok(Some(run))
 }
