@@ -6,10 +6,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use client::ws;
-use futures_util::StreamExt;
 use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, PublicKey, Tag};
 use serde_json::{json, Value};
-use tokio_tungstenite::tungstenite::Message;
 
 #[derive(Parser)]
 #[command(
@@ -115,27 +113,13 @@ async fn send_event(mut ws: ws::Socket, event: &Event) -> anyhow::Result<(bool, 
     Ok(ok)
 }
 
+/// Most events `agent req` prints.
+const MAX_REQ_EVENTS: usize = 10_000;
+
 /// Authenticates and collects stored events for one filter.
 async fn query(url: &str, keys: &Keys, filter: Value) -> anyhow::Result<Vec<Value>> {
     let mut ws = ws::connect_authed(url, keys, EXCHANGE_TIMEOUT).await?;
-    ws::send(&mut ws, &json!(["REQ", "q", filter])).await?;
-    let mut events = Vec::new();
-    let deadline = tokio::time::Instant::now() + EXCHANGE_TIMEOUT;
-    loop {
-        let msg = tokio::time::timeout_at(deadline, ws.next())
-            .await
-            .context("no answer from the relay")?;
-        let Some(Ok(Message::Text(t))) = msg else {
-            bail!("connection closed before EOSE")
-        };
-        let v: Value = serde_json::from_str(t.as_str())?;
-        match v[0].as_str() {
-            Some("EVENT") => events.push(v[2].clone()),
-            Some("EOSE") => break,
-            Some("CLOSED") => bail!("refused: {}", v[2]),
-            _ => {}
-        }
-    }
+    let events = ws::query(&mut ws, &filter, MAX_REQ_EVENTS, EXCHANGE_TIMEOUT).await?;
     let _ = ws.close(None).await;
     Ok(events)
 }

@@ -1,7 +1,7 @@
 //! The relay's WebSocket side for a client that authenticates (NIP-42):
 //! connect, answer the relay's challenge, wait for its `OK`; then send
-//! messages and wait for the `OK` of one event. Every wait is bounded by
-//! the caller's timeout.
+//! messages, wait for the `OK` of one event, or read what one filter
+//! matches. Every wait is bounded by the caller's timeout.
 
 use std::time::Duration;
 
@@ -31,6 +31,9 @@ pub enum WsError {
     /// The relay refused the authentication event (its `OK` message).
     #[error("the relay refused authentication: {0}")]
     AuthRefused(String),
+    /// The relay closed a query (its `CLOSED` message).
+    #[error("the relay refused the query: {0}")]
+    Refused(String),
 }
 
 /// Connects to `url` and authenticates as `keys`: answers the relay's
@@ -88,6 +91,33 @@ async fn send_and_wait_ok_until(
             return Ok((v[2].as_bool().unwrap_or(false), message));
         }
     }
+}
+
+/// Stored events matching one filter (`REQ` until `EOSE`, at most
+/// `max_events` kept), within `timeout`; a `CLOSED` is the relay's
+/// refusal.
+pub async fn query(
+    ws: &mut Socket,
+    filter: &Value,
+    max_events: usize,
+    timeout: Duration,
+) -> Result<Vec<Value>, WsError> {
+    let deadline = Instant::now() + timeout;
+    send(ws, &json!(["REQ", "q", filter])).await?;
+    let mut events = Vec::new();
+    loop {
+        let v = next_json(ws, deadline, timeout).await?;
+        match v[0].as_str() {
+            Some("EVENT") if v[1] == "q" && events.len() < max_events => events.push(v[2].clone()),
+            Some("EOSE") if v[1] == "q" => break,
+            Some("CLOSED") if v[1] == "q" => {
+                return Err(WsError::Refused(v[2].as_str().unwrap_or_default().to_string()))
+            }
+            _ => {}
+        }
+    }
+    send(ws, &json!(["CLOSE", "q"])).await?;
+    Ok(events)
 }
 
 /// Sends one message.

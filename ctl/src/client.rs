@@ -69,12 +69,7 @@ impl Relay {
     /// Publishes `event` over WebSocket, authenticated (NIP-42) as the key;
     /// returns the relay's `OK` message when accepted.
     pub async fn publish(&self, event: &Event) -> anyhow::Result<String> {
-        let mut ws = ws::connect_authed(&self.ws, &self.keys, CALL_TIMEOUT)
-            .await
-            .map_err(|e| match e {
-                WsError::Connect { .. } => anyhow!("{e} (is the relay running there?)"),
-                e => anyhow!(e),
-            })?;
+        let mut ws = self.connect().await?;
         let (ok, msg) =
             ws::send_and_wait_ok(&mut ws, json!(["EVENT", event]), &event.id.to_hex(), CALL_TIMEOUT).await?;
         let _ = ws.close(None).await;
@@ -82,6 +77,29 @@ impl Relay {
             bail!("the relay refused the event: {msg}");
         }
         Ok(msg)
+    }
+}
+
+impl Relay {
+    /// A WebSocket session authenticated (NIP-42) as the key.
+    async fn connect(&self) -> anyhow::Result<ws::Socket> {
+        ws::connect_authed(&self.ws, &self.keys, CALL_TIMEOUT)
+            .await
+            .map_err(|e| match e {
+                WsError::Connect { .. } => anyhow!("{e} (is the relay running there?)"),
+                e => anyhow!(e),
+            })
+    }
+
+    /// One stored event by id, as this key may read it (NIP-42), if any.
+    pub async fn event(&self, id: &str) -> anyhow::Result<Option<Event>> {
+        let mut ws = self.connect().await?;
+        let found = ws::query(&mut ws, &json!({"ids": [id]}), 1, CALL_TIMEOUT).await?;
+        let _ = ws.close(None).await;
+        Ok(found
+            .into_iter()
+            .next()
+            .and_then(|v| serde_json::from_value(v).ok()))
     }
 }
 

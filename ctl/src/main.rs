@@ -18,6 +18,7 @@ use client::Relay;
 use protocol::api::{
     DeliveryDetail, DeliveryView, Me, RunStarted, RunView, RunsPage, SecretStored, WebhookSecret,
 };
+use protocol::dashboard::{WorkflowDetail, WorkflowSummary};
 use protocol::nip86::{DeliveryChanged, EventEntry, PubkeyEntry, RunChanged, WorkflowChanged};
 use serde::de::IgnoredAny;
 use serde::Serialize;
@@ -130,6 +131,10 @@ enum WorkflowCommand {
     Pause { id: String },
     /// Resume a paused workflow.
     Resume { id: String },
+    /// The workflows this key owns (every one for a community admin).
+    List,
+    /// One workflow: its state and its definition.
+    Show { id: String },
 }
 
 #[derive(Subcommand)]
@@ -183,6 +188,15 @@ enum BanCommand {
 }
 
 fn main() {
+    // Output piped into a reader that stops early (`relayctl … | head`)
+    // ends relayctl quietly, as it does any Unix tool, instead of
+    // panicking on the write: the default action of SIGPIPE, which Rust's
+    // runtime sets to ignore.
+    #[cfg(unix)]
+    // SAFETY: called first, before any thread exists; restores a default.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -427,8 +441,83 @@ async fn workflow(relay: &Relay, keys: &Keys, out: Out, command: WorkflowCommand
                 .await?;
             out.done(&format!("workflow {id} resumed"));
         }
+        WorkflowCommand::List => {
+            let list: Vec<WorkflowSummary> = relay.call("GET", "/workflows", None).await?;
+            if out.json {
+                out.json(&json!({ "workflows": list }));
+                return Ok(());
+            }
+            let now = show::now();
+            let rows: Vec<Vec<String>> = list
+                .iter()
+                .map(|w| {
+                    vec![
+                        w.id.clone(),
+                        w.name.clone(),
+                        w.channel.clone(),
+                        w.trigger.clone(),
+                        workflow_state(w).to_string(),
+                        w.runs.to_string(),
+                        match &w.last_run_status {
+                            Some(status) => format!("{status} {}", when(w.last_run_at, now)),
+                            None => "-".to_string(),
+                        },
+                    ]
+                })
+                .collect();
+            table(
+                &[
+                    "WORKFLOW", "NAME", "CHANNEL", "TRIGGER", "STATE", "RUNS", "LAST RUN",
+                ],
+                &rows,
+            );
+        }
+        WorkflowCommand::Show { id } => {
+            let path = format!("/workflows/{}", url_segment(&id));
+            let w: WorkflowDetail = relay.call("GET", &path, None).await?;
+            if out.json {
+                out.json(&w);
+                return Ok(());
+            }
+            let s = &w.summary;
+            fields(&[
+                ("id", s.id.clone()),
+                ("name", s.name.clone()),
+                ("channel", s.channel.clone()),
+                ("owner", s.owner.clone()),
+                ("trigger", s.trigger.clone()),
+                ("state", workflow_state(s).to_string()),
+                ("runs", s.runs.to_string()),
+                ("updated_at", when(Some(s.updated_at), show::now())),
+                ("definition_event_id", w.definition_event_id.clone()),
+            ]);
+            println!();
+            println!("{}", serde_json::to_string_pretty(&w.definition)?);
+        }
     }
     Ok(())
+}
+
+/// A workflow's state in one word.
+fn workflow_state(w: &WorkflowSummary) -> &'static str {
+    if !w.enabled {
+        "disabled"
+    } else if w.paused {
+        "paused"
+    } else {
+        "enabled"
+    }
+}
+
+/// A workflow id as one URL path segment (ids are `[a-z0-9_-]`; anything
+/// else is escaped so that it cannot name another path).
+fn url_segment(id: &str) -> String {
+    id.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 async fn runs(relay: &Relay, out: Out, command: RunsCommand) -> anyhow::Result<()> {
@@ -449,7 +538,7 @@ async fn runs(relay: &Relay, out: Out, command: RunsCommand) -> anyhow::Result<(
                     vec![
                         r.id.clone(),
                         r.status.as_str().to_string(),
-                        format!("{}/{}", r.current_step, r.steps.len()),
+                        step_column(r),
                         r.cause.kind.as_str().to_string(),
                         when(Some(r.created_at), now),
                         or_dash(r.error.as_ref().map(|e| e.code.as_str())),
@@ -474,6 +563,9 @@ async fn runs(relay: &Relay, out: Out, command: RunsCommand) -> anyhow::Result<(
             ]);
             if let Some(e) = &run.error {
                 println!("error       {}: {}", e.code, e.message);
+            }
+            for a in run.steps.iter().filter_map(|s| s.approval.as_ref()) {
+                print_approval(a, now);
             }
             let rows: Vec<Vec<String>> = run
                 .steps
@@ -529,7 +621,7 @@ async fn deliveries(relay: &Relay, out: Out, command: DeliveriesCommand) -> anyh
             };
             let list: Vec<DeliveryView> = relay.rpc("listdeliveries", json!([q])).await?;
             if out.json {
-                out.json(&list);
+                out.json(&json!({ "deliveries": list }));
                 return Ok(());
             }
             let rows: Vec<Vec<String>> = list
@@ -581,7 +673,15 @@ async fn deliveries(relay: &Relay, out: Out, command: DeliveriesCommand) -> anyh
                 ("created_at", when(Some(d.created_at), now)),
                 ("updated_at", when(Some(d.updated_at), now)),
                 ("expires_at", when(Some(d.expires_at), now)),
+                ("message_event_id", d.message_event_id.clone()),
+                ("reply_event_id", or_dash(d.reply_event_id.as_deref())),
             ]);
+            if let Some(id) = &d.reply_event_id {
+                match relay.event(id).await? {
+                    Some(reply) => println!("reply       {}", reply.content),
+                    None => println!("reply       (not readable by this key)"),
+                }
+            }
             let rows: Vec<Vec<String>> = detail
                 .attempts
                 .iter()
@@ -614,6 +714,28 @@ async fn deliveries(relay: &Relay, out: Out, command: DeliveriesCommand) -> anyh
         }
     }
     Ok(())
+}
+
+/// Where a run is, as the STEP column says it: the step it is at (1-based)
+/// of how many, with its id; `n/n` once it completed.
+fn step_column(r: &RunView) -> String {
+    let total = r.steps.len();
+    let at = usize::try_from(r.current_step).unwrap_or(total);
+    match r.steps.get(at) {
+        Some(step) => format!("{}/{total} {}", at + 1, step.id),
+        None => format!("{total}/{total}"),
+    }
+}
+
+/// An approval waiting for its decision: what to react to, and who may.
+fn print_approval(a: &protocol::api::ApprovalView, now: i64) {
+    println!(
+        "approval    waits for a reaction (+ or 👍 approves, - or 👎 denies) to event {}, times out {}",
+        a.request_event_id,
+        when(Some(a.deadline), now)
+    );
+    println!("            text: {}", a.text);
+    println!("            approvers: {}", a.approvers.join(", "));
 }
 
 async fn bans(relay: &Relay, out: Out) -> anyhow::Result<()> {

@@ -228,18 +228,58 @@ async fn walkthrough_from_the_docs() {
     // 7. The owner looks at runs and deliveries, pauses and resumes, bans.
     let runs = relayctl(d, &url, &["runs", "list", "triage"]);
     assert!(
-        runs.starts_with("RUN") && runs.contains("completed") && runs.contains(" ago)"),
+        runs.starts_with("RUN")
+            && runs.contains("completed")
+            && runs.contains(" 1/1 ")
+            && runs.contains(" ago)"),
         "{runs}"
     );
     let listed: serde_json::Value =
         serde_json::from_str(&relayctl(d, &url, &["--json", "deliveries", "list"])).unwrap();
-    let id = listed[0]["id"].as_str().unwrap().to_string();
-    assert_eq!(listed[0]["status"], "delivered");
+    let id = listed["deliveries"][0]["id"].as_str().unwrap().to_string();
+    assert_eq!(listed["deliveries"][0]["status"], "delivered");
     let shown = relayctl(d, &url, &["deliveries", "show", &id]);
     assert!(
         shown.contains("ATTEMPT") && shown.contains("delivered"),
         "{shown}"
     );
+    // The reply, read over the relay's WebSocket as the owner.
+    let reply_line = format!("reply       {}", reply["content"].as_str().unwrap());
+    assert!(shown.contains(&reply_line), "{shown}");
+    // The workflows, listed and shown.
+    let workflows = relayctl(d, &url, &["workflow", "list"]);
+    assert!(
+        workflows.starts_with("WORKFLOW") && workflows.contains("triage") && workflows.contains("enabled"),
+        "{workflows}"
+    );
+    let shown = relayctl(d, &url, &["workflow", "show", "triage"]);
+    assert!(shown.contains("\"text_contains\": \"help\""), "{shown}");
+    let listed: serde_json::Value =
+        serde_json::from_str(&relayctl(d, &url, &["--json", "workflow", "list"])).unwrap();
+    assert_eq!(listed["workflows"][0]["id"], "triage", "{listed}");
+    // A reader that stops early ends relayctl quietly (no panic, no error).
+    let path = format!(
+        "{}:{}",
+        workspace_bin("relayctl").parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let piped = Command::new("bash")
+        // `true` reads nothing and is gone before relayctl has its answer:
+        // relayctl's writes meet a closed pipe.
+        .args([
+            "-c",
+            "relayctl --json workflow list | true; relayctl runs list triage | true; \
+             relayctl workflow list | head -n 1",
+        ])
+        .env("PATH", path)
+        .envs(env.iter().copied())
+        .current_dir(d)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&piped.stderr);
+    assert!(stderr.is_empty(), "{stderr}");
+    let header = workflows.lines().next().unwrap();
+    assert_eq!(String::from_utf8_lossy(&piped.stdout), format!("{header}\n"));
     // --json is the relay's own answer, read into its protocol type.
     let detail: protocol::api::DeliveryDetail =
         serde_json::from_str(&relayctl(d, &url, &["--json", "deliveries", "show", &id])).unwrap();
