@@ -1,5 +1,6 @@
-//! The five-minute walk-through of docs/agent.md, command by command, with
-//! the real binaries (the relay on a free port instead of 7777).
+//! The five-minute walk-through of docs/agent.md: pasted whole into bash,
+//! twice in a row, as the docs say; and command by command with more
+//! checks (the relay on a free port instead of 7777).
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -312,4 +313,54 @@ async fn walkthrough_from_the_docs() {
         !ok && err.contains("403") && err.contains("hint:"),
         "{other}: {err}"
     );
+}
+
+/// The walk-through's shell block in docs/agent.md, as written.
+fn walkthrough_script() -> String {
+    let doc = std::fs::read_to_string(tests::workspace_root().join("docs/agent.md")).unwrap();
+    let section = doc
+        .split("## Five-minute walk-through")
+        .nth(1)
+        .expect("docs/agent.md has the walk-through");
+    let start = section.find("```sh\n").expect("its shell block") + "```sh\n".len();
+    let len = section[start..].find("```").expect("the block ends");
+    section[start..start + len].to_string()
+}
+
+/// docs/agent.md's walk-through pasted whole into bash (`-e`: every
+/// command must succeed), twice in a row: the second run needs nothing
+/// from the first to be cleaned up. The binaries are the ones the tests
+/// built (the script's `cargo build --release` is left out, and its
+/// `target/release` is looked for in an empty folder, so it finds
+/// nothing there); the relay listens on 7777, as in the docs.
+#[test]
+fn the_walkthrough_script_runs_whole_twice() {
+    let script = walkthrough_script();
+    let build = "cargo build --release\n";
+    assert!(script.starts_with(build), "{script}");
+    let script = &script[build.len()..];
+    let bins = workspace_bin("relay").parent().unwrap().to_path_buf();
+    let path = format!("{}:{}", bins.display(), std::env::var("PATH").unwrap_or_default());
+    for round in 1..=2 {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Command::new("timeout")
+            .args(["120", "bash", "-e", "-c", script])
+            .env("PATH", &path)
+            .env_remove("RELAYCTL_KEY")
+            .current_dir(dir.path())
+            .output()
+            .expect("run bash");
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(
+            out.status.success(),
+            "round {round}: {:?}\n{stdout}\n{stderr}",
+            out.status
+        );
+        // The agent's reply was read back (step 6), its delivery shown,
+        // and the ban listed (step 7).
+        assert!(stdout.contains("echo: "), "round {round}: {stdout}");
+        assert!(stdout.contains("ATTEMPT"), "round {round}: {stdout}");
+        assert!(stdout.contains("spam"), "round {round}: {stdout}");
+    }
 }
