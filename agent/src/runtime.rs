@@ -102,26 +102,44 @@ fn after_interruption(outcome: Outcome, wrote: bool) -> Outcome {
 }
 
 async fn relay_self(base: &str, shutdown: &CancellationToken, backoff: Backoff) -> Option<PublicKey> {
-    let http = reqwest::Client::new();
+    let http = reqwest::Client::builder()
+        .timeout(RELAY_INFO_TIMEOUT)
+        .build()
+        .unwrap_or_default();
     for n in 0u32.. {
-        let r = http
-            .get(base)
-            .header("Accept", "application/nostr+json")
-            .send()
-            .await;
-        if let Ok(resp) = r {
-            if let Ok(doc) = resp.json::<Value>().await {
-                if let Some(pk) = doc["self"].as_str().and_then(|s| PublicKey::from_hex(s).ok()) {
-                    return Some(pk);
-                }
-            }
-        }
+        let why = match relay_info(&http, base).await {
+            Ok(pk) => return Some(pk),
+            Err(why) => why,
+        };
+        let delay = backoff.delay(n);
+        // Said at every try, as the link does: an agent that cannot reach
+        // its relay at start is visible without debug logs.
+        tracing::warn!(relay = %base, error = %why, retry_in_ms = delay.as_millis() as u64,
+            "cannot reach the relay; retrying");
         tokio::select! {
             _ = shutdown.cancelled() => return None,
-            _ = tokio::time::sleep(backoff.delay(n)) => {}
+            _ = tokio::time::sleep(delay) => {}
         }
     }
     None
+}
+
+/// How long reading the relay's NIP-11 document may take.
+const RELAY_INFO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The relay's own pubkey (`self`) from its NIP-11 document.
+async fn relay_info(http: &reqwest::Client, base: &str) -> Result<PublicKey, String> {
+    let resp = http
+        .get(base)
+        .header("Accept", "application/nostr+json")
+        .send()
+        .await
+        .map_err(|e| format!("NIP-11 document: {e}"))?;
+    let doc: Value = resp.json().await.map_err(|e| format!("NIP-11 document: {e}"))?;
+    doc["self"]
+        .as_str()
+        .and_then(|s| PublicKey::from_hex(s).ok())
+        .ok_or_else(|| "the NIP-11 document names no relay pubkey (self)".to_string())
 }
 
 /// Runs the agent until `shutdown`.

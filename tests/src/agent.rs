@@ -34,6 +34,21 @@ impl AgentProc {
         extra: &str,
         env: &[(String, String)],
     ) -> AgentProc {
+        let config_path = Self::configure(relay, keys, owner, handler, extra);
+        Self::spawn(&config_path, relay.store.dir.path(), env, true)
+    }
+
+    /// Like [`AgentProc::start`], without waiting for the agent to say it
+    /// runs (it says so once it has read the relay's NIP-11 document: a
+    /// relay that is down keeps it from saying it).
+    pub fn start_unready(relay: &Relay, keys: &Keys, owner: &Keys, handler: &str) -> AgentProc {
+        let config_path = Self::configure(relay, keys, owner, handler, "");
+        Self::spawn(&config_path, relay.store.dir.path(), &[], false)
+    }
+
+    /// Writes the agent's key file (once) and configuration; returns the
+    /// configuration's path.
+    fn configure(relay: &Relay, keys: &Keys, owner: &Keys, handler: &str, extra: &str) -> PathBuf {
         let dir = relay.store.dir.path();
         let tag = &keys.public_key().to_hex()[..12];
         let key_path = dir.join(format!("agent-{tag}.key"));
@@ -67,10 +82,12 @@ impl AgentProc {
         config.push_str(&format!("[handler]\n{handler}\n"));
 
         std::fs::write(&config_path, config).expect("agent config");
-        Self::spawn(&config_path, dir, env)
+        config_path
     }
 
-    fn spawn(config_path: &Path, dir: &Path, env: &[(String, String)]) -> AgentProc {
+    /// Starts `agent run`; with `wait_ready`, waits (30 s) for its first
+    /// line on stdout (`agent running …`).
+    fn spawn(config_path: &Path, dir: &Path, env: &[(String, String)], wait_ready: bool) -> AgentProc {
         let n = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
@@ -96,7 +113,7 @@ impl AgentProc {
             }
             for _ in lines {}
         });
-        if rx.recv_timeout(Duration::from_secs(30)).is_err() {
+        if wait_ready && rx.recv_timeout(Duration::from_secs(30)).is_err() {
             let _ = child.kill();
             panic!("agent did not start; log:\n{}", read(&log_path));
         }
@@ -149,7 +166,7 @@ impl AgentProc {
     pub fn restart(&mut self) {
         self.kill();
         let dir = self.config_path.parent().expect("dir").to_path_buf();
-        let again = Self::spawn(&self.config_path, &dir, &self.env.clone());
+        let again = Self::spawn(&self.config_path, &dir, &self.env.clone(), true);
         let mut again = std::mem::ManuallyDrop::new(again);
         self.child = again.child.take();
         self.log_path = std::mem::take(&mut again.log_path);

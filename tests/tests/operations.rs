@@ -478,13 +478,27 @@ async fn an_agent_says_when_it_cannot_reach_its_relay() {
     let agent = tests::agent::AgentProc::start(&relay, &fx.agents[0], &fx.owner, "type = \"echo\"", "");
     agent.wait_subscribed().await;
     relay.kill();
+    wait_for_log(&agent, &relay.ws_url()).await;
+    // An agent started while its relay is down says so at once (naming
+    // the relay and why), and runs once the relay is back.
+    let late = tests::agent::AgentProc::start_unready(&relay, &fx.agents[0], &fx.owner, "type = \"echo\"");
+    wait_for_log(&late, &relay.http_url()).await;
+    relay.restart();
+    late.wait_subscribed().await;
+}
+
+/// Waits (10 s) for the agent's "cannot reach the relay" line naming `relay`.
+async fn wait_for_log(agent: &tests::agent::AgentProc, relay: &str) {
     for _ in 0..100 {
         let log = agent.log();
         if log.contains("cannot reach the relay") {
-            assert!(log.contains(&relay.ws_url()), "the line names the relay: {log}");
+            assert!(log.contains(relay), "the line names the relay ({relay}): {log}");
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("the agent said nothing of the lost relay:\n{}", agent.log());
+    panic!(
+        "the agent said nothing of the unreachable relay:\n{}",
+        agent.log()
+    );
 }
