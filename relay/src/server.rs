@@ -302,6 +302,6 @@ async fn start_store(
 fn transient(e: &anyhow::Error) -> bool {
     matches!(
         e.downcast_ref::<StoreError>(),
-        Some(StoreError::Db(_) | StoreError::Migrate(_))
+        Some(StoreError::Db(_) | StoreError::Unreachable(_) | StoreError::Migrate(_))
     )
 }

@@ -190,6 +190,36 @@ fn a_sqlite_path_in_a_missing_directory_fails_at_once() {
 }
 
 #[test]
+fn an_unreachable_postgres_is_named_with_its_cause() {
+    // A port where nothing listens: the start waits (1 s here), then stops
+    // naming the server and why, not only "pool timed out".
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("postgres://relay:secret@127.0.0.1:{port}/relay");
+    let out = run_relay(
+        &["--listen", "127.0.0.1:0", "--database-url", &url],
+        &[
+            ("RELAY_STARTUP_DB_WAIT_SECS", "1"),
+            ("RELAY_POSTGRES__ACQUIRE_TIMEOUT_MS", "500"),
+        ],
+        dir.path(),
+        Duration::from_secs(30),
+    );
+    assert!(out.code.is_some_and(|c| c != 0), "{out:?}");
+    let named = format!("cannot reach PostgreSQL at postgres://relay:***@127.0.0.1:{port}/relay");
+    assert!(out.stderr.contains(&named), "{out:?}");
+    assert!(out.stderr.contains("refused"), "{out:?}");
+    assert!(
+        !out.stderr.contains("secret"),
+        "the password is not shown: {out:?}"
+    );
+}
+
+#[test]
 fn listen_takes_host_port_ipv6_and_several_addresses() {
     let dir = tempfile::tempdir().unwrap();
     let out = run_relay(&["--listen", "7778"], &[], dir.path(), Duration::from_secs(20));

@@ -26,6 +26,10 @@ pub struct RemoteEvent {
 pub enum StoreError {
     #[error("database error: {0}")]
     Db(#[from] sqlx::Error),
+    /// The database server could not be reached: where, and why (a
+    /// pool's own error says only that it timed out).
+    #[error("cannot reach {0}")]
+    Unreachable(String),
     /// A statement on a rusqlite connection (the SQLite writer, a REQ
     /// reader) failed.
     #[error("database error: {0}")]

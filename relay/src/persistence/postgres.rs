@@ -11,7 +11,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use serde_json::json;
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions};
 use sqlx::Connection;
 use tokio::sync::mpsc;
 
@@ -56,12 +56,9 @@ pub async fn open(url: &str, cfg: &PostgresConfig, mode: OpenMode) -> Result<(Pg
         // delivery benchmark (pg_stat_statements: 138-147 plans a
         // statement where there had been 72-82).
         .statement_cache_capacity(STATEMENT_CACHE);
-    let pool = pool_options(cfg.pool_size, cfg)
-        .connect_with(opts.clone())
-        .await?;
-    let queries = pool_options(cfg.query_pool_size, cfg)
-        .connect_with(opts.options([("plan_cache_mode", "force_generic_plan")]))
-        .await?;
+    let pool = connect(pool_options(cfg.pool_size, cfg), opts.clone(), url).await?;
+    let generic = opts.options([("plan_cache_mode", "force_generic_plan")]);
+    let queries = connect(pool_options(cfg.query_pool_size, cfg), generic, url).await?;
     let mut conn = pool.acquire().await?;
     if mode == OpenMode::Existing {
         let schema: bool = sqlx::query_scalar("SELECT to_regclass('communities') IS NOT NULL")
@@ -85,6 +82,31 @@ pub async fn open(url: &str, cfg: &PostgresConfig, mode: OpenMode) -> Result<(Pg
         .await?;
     migrated?;
     Ok((pool, queries))
+}
+
+/// How long the one direct connection that explains an unreachable
+/// server may take.
+const EXPLAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A pool and its first connection, or why there is none: sqlx says only
+/// "pool timed out" when the server cannot be reached, so one direct
+/// connection is tried to say why (refused, unknown host, a password).
+async fn connect(options: PgPoolOptions, opts: PgConnectOptions, url: &str) -> Result<PgPool, StoreError> {
+    match options.connect_with(opts.clone()).await {
+        Ok(pool) => Ok(pool),
+        Err(sqlx::Error::PoolTimedOut) => {
+            let why = match tokio::time::timeout(EXPLAIN_TIMEOUT, PgConnection::connect_with(&opts)).await {
+                Ok(Err(e)) => e.to_string(),
+                Ok(Ok(_)) => "it answered only after the pool's acquire_timeout_ms".to_string(),
+                Err(_) => format!("no answer within {EXPLAIN_TIMEOUT:?}"),
+            };
+            Err(StoreError::Unreachable(format!(
+                "PostgreSQL at {}: {why}",
+                redacted(url)
+            )))
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// A database URL without its password, to name it in messages.
