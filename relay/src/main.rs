@@ -8,7 +8,11 @@ use clap::{Parser, Subcommand};
 use relay::config::{Config, Overrides};
 
 #[derive(Parser)]
-#[command(name = "relay", version, about = "Nostr relay with durable agent delivery")]
+#[command(
+    name = "relay",
+    version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("RELAY_COMMIT"), ")"),
+    about = "Nostr relay with durable agent delivery"
+)]
 struct Cli {
     /// TOML configuration file.
     #[arg(long, env = "RELAY_CONFIG", global = true)]

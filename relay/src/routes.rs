@@ -60,11 +60,14 @@ async fn access_log(mut req: axum::extract::Request, next: axum::middleware::Nex
     resp
 }
 
-/// `GET /healthz`: 200 while the process serves, on any host.
+/// `GET /healthz`: 200 while the process serves, on any host, with the
+/// version and commit it was built from.
 async fn healthz() -> Response {
     Json(protocol::api::Health {
         status: "ok".into(),
         reason: None,
+        version: Some(env!("CARGO_PKG_VERSION").into()),
+        commit: Some(env!("RELAY_COMMIT").into()),
     })
     .into_response()
 }
@@ -81,6 +84,8 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
             return Json(protocol::api::Health {
                 status: "ok".into(),
                 reason: None,
+                version: None,
+                commit: None,
             })
             .into_response()
         }
@@ -89,6 +94,8 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     let body = protocol::api::Health {
         status: "unready".into(),
         reason: Some(reason),
+        version: None,
+        commit: None,
     };
     (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
 }

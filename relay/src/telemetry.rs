@@ -35,7 +35,8 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
         .set_buckets_for_metric(Matcher::Full(WRITE_BATCH.into()), &batch)?
         .install_recorder()?;
     describe();
-    metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"), "commit" => env!("RELAY_COMMIT"))
+        .set(1.0);
     Ok(handle)
 }
 

@@ -107,9 +107,29 @@ async fn ready_becomes(relay: &Relay, want: u16, secs: u64) -> Value {
 
 async fn health_and_readiness_answer_on_any_host(backend: Backend) {
     let relay = Relay::start(&backend);
+    // The version and the commit built: the checkout's HEAD, as
+    // `relay --version` says.
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(tests::workspace_root())
+        .output()
+        .expect("git");
+    let head = String::from_utf8_lossy(&head.stdout).trim().to_string();
+    let version = std::process::Command::new(tests::workspace_bin("relay"))
+        .arg("--version")
+        .output()
+        .expect("relay --version");
+    let version = String::from_utf8_lossy(&version.stdout).trim().to_string();
     for host in ["127.0.0.1", "lb.internal.example"] {
         let (status, body) = get(&relay, host, "/healthz").await;
-        assert_eq!((status, body), (200, json!({"status": "ok"})), "host {host:?}");
+        assert_eq!((status, &body["status"]), (200, &json!("ok")), "host {host:?}");
+        assert_eq!(body["version"], env!("CARGO_PKG_VERSION"), "{body}");
+        let commit = body["commit"].as_str().unwrap_or_default();
+        assert!(
+            !head.is_empty() && commit.starts_with(&head),
+            "{commit} is not HEAD {head}"
+        );
+        assert_eq!(version, format!("relay {} ({commit})", env!("CARGO_PKG_VERSION")));
     }
     let body = ready_becomes(&relay, 200, 10).await;
     assert_eq!(body, json!({"status": "ok"}));
