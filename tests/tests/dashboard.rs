@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use nostr::prelude::Keys;
+use nostr::prelude::{Keys, ToBech32};
 use serde_json::{json, Value};
 use tests::agent::AgentProc;
 use tests::browser::Browser;
@@ -75,6 +75,8 @@ async fn the_dashboard_for_an_owner_an_admin_and_a_stranger() {
     b.show(&format!("#/run/{answered}")).await;
     b.wait_for("#steps li[data-step=ask] [data-status=done]").await;
     b.wait_for("#steps li[data-step=say] [data-status=done]").await;
+    // Each ended step says how long it took.
+    b.wait_text("#steps li[data-step=ask] .took", "took ").await;
     // The page reads the message and the agent's reply over the relay's
     // WebSocket (NIP-42 signed by the same signer).
     b.wait_text("#messages", "echo: ").await;
@@ -124,8 +126,8 @@ async fn the_dashboard_for_an_owner_an_admin_and_a_stranger() {
     run_until(&relay, &fx.owner, &gated, 20, |r| r["status"] == "waiting").await;
     b.show(&format!("#/run/{gated}")).await;
     b.wait_text(".approval blockquote", "ship the release?").await;
-    b.wait_text(".approval", &fx.owner.public_key().to_hex()[..8])
-        .await;
+    let owner_npub = fx.owner.public_key().to_bech32().unwrap();
+    b.wait_text(".approval", &owner_npub[..14]).await;
     b.screenshot("approval").await;
     b.click("#approve").await;
     b.wait_for("#run-status [data-status=completed]").await;
@@ -142,9 +144,16 @@ async fn the_dashboard_for_an_owner_an_admin_and_a_stranger() {
     let mut b = Browser::start().await;
     b.sign_in_as(&ui, &admin).await;
     b.wait_for("#who[data-role=admin]").await;
-    b.show("#/agents").await;
-    b.wait_text("main table", &fx.agents[0].public_key().to_hex()[..8])
+    // People by their kind 0 name, else by npub: agent 0's profile is
+    // published now, the owner has none.
+    let mut c = tests::Client::connect(&relay.ws_url()).await;
+    c.auth(&fx.agents[0]).await;
+    c.publish_ok(&event(&fx.agents[0], 0, r#"{"name":"Build Bot"}"#, &[]))
         .await;
+    b.show("#/agents").await;
+    b.wait_text("main table", "Build Bot").await;
+    let npub = fx.owner.public_key().to_bech32().unwrap();
+    b.wait_text("main table", &npub[..14]).await;
     b.screenshot("agents").await;
     assert_eq!(b.page_errors().await, Vec::<String>::new());
     b.show("#/channels").await;

@@ -6,8 +6,10 @@
 "use strict";
 (() => {
   const S = { pubkey: null, role: null, relayPubkey: null, socket: null, liveReady: false,
-              subs: new Map(), oks: new Map(), seq: 0, refreshTimer: null, rendering: false, backoffMs: 1000 };
+              subs: new Map(), oks: new Map(), profiles: new Map(), seq: 0, refreshTimer: null, rendering: false, backoffMs: 1000 };
   const REFRESH_MS = 5000;        // lists also refresh on their own (claims post no event)
+  const PROFILE_TTL_MS = 60000;   // a name (or its absence) is read again after this
+  const MAX_PROFILES = 100;       // pubkeys asked for in one kind 0 query
   const MAX_QUERY_EVENTS = 200;   // a query over the live socket keeps at most this many
   const $ = (id) => document.getElementById(id);
 
@@ -46,6 +48,62 @@
     return el("dl", {}, pairs.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v ?? "-")]));
   }
   const pre = (v) => el("pre", {}, JSON.stringify(v, null, 2));
+
+  // ---- people: NIP-19 npub, names from kind 0 ---------------------------
+  const BECH32 = "qpzry9x8gf2tvdw0s3jn54khce6mua7l";
+  function polymod(values) {
+    const G = [0x3b6a57b2, 0x26508e6d, 0x1ea119fa, 0x3d4233dd, 0x2a1462b3];
+    let chk = 1;
+    for (const v of values) {
+      const top = chk >> 25;
+      chk = ((chk & 0x1ffffff) << 5) ^ v;
+      for (let i = 0; i < 5; i++) if ((top >> i) & 1) chk ^= G[i];
+    }
+    return chk;
+  }
+  // A hex pubkey as its npub (NIP-19, bech32).
+  function npub(hex) {
+    if (!/^[0-9a-f]{64}$/.test(hex || "")) return hex || "-";
+    const data = [];
+    let acc = 0, bits = 0;
+    for (const byte of hex.match(/../g).map((h) => parseInt(h, 16))) {
+      acc = ((acc << 8) | byte) & 0xffff;
+      bits += 8;
+      while (bits >= 5) { bits -= 5; data.push((acc >> bits) & 31); }
+    }
+    if (bits > 0) data.push((acc << (5 - bits)) & 31);
+    const hrp = [..."npub"].map((c) => c.charCodeAt(0));
+    const expanded = hrp.map((c) => c >> 5).concat([0], hrp.map((c) => c & 31));
+    const mod = polymod(expanded.concat(data, [0, 0, 0, 0, 0, 0])) ^ 1;
+    const check = [0, 1, 2, 3, 4, 5].map((i) => (mod >> (5 * (5 - i))) & 31);
+    return "npub1" + data.concat(check).map((d) => BECH32[d]).join("");
+  }
+  // Reads the kind 0 profiles of `pubkeys` not known lately, over the live
+  // socket (nothing while it is not ready: the next redraw asks again).
+  async function loadProfiles(pubkeys) {
+    const now = Date.now();
+    const stale = (p) => !S.profiles.has(p) || now - S.profiles.get(p).at > PROFILE_TTL_MS;
+    const want = [...new Set(pubkeys.filter((p) => /^[0-9a-f]{64}$/.test(p || "") && stale(p)))].slice(0, MAX_PROFILES);
+    if (!want.length || !S.liveReady) return;
+    const events = await query({ kinds: [0], authors: want });
+    for (const p of want) {
+      const newest = events.filter((e) => e.pubkey === p).sort((a, b) => b.created_at - a.created_at)[0];
+      let name = null;
+      try {
+        const c = newest ? JSON.parse(newest.content) : {};
+        name = String(c.display_name || c.name || "").trim().slice(0, 64) || null;
+      } catch { /* a profile that is not JSON has no name */ }
+      S.profiles.set(p, { name, at: now });
+    }
+  }
+  // A person: their kind 0 name, else their npub shortened; both in full
+  // on hover.
+  function person(hex) {
+    const n = npub(hex);
+    const name = S.profiles.has(hex) ? S.profiles.get(hex).name : null;
+    return el("span", { class: "person", title: `${name ? name + "\n" : ""}${n}\n${hex}`, "data-pubkey": hex },
+      name || el("span", { class: "mono" }, n.slice(0, 14) + "…" + n.slice(-4)));
+  }
 
   // ---- signing and calls -------------------------------------------------
   class ApiError extends Error {
@@ -238,12 +296,13 @@
 
   async function workflow(id) {
     const w = await call("GET", "/workflows/" + encodeURIComponent(id));
+    await loadProfiles([w.owner]);
     const runs = await call("GET", `/workflows/${encodeURIComponent(id)}/runs?limit=20`);
     const toggle = w.paused
       ? action("Resume", "resume", `Resume workflow ${id}? Its runs go on and its trigger fires again.`, () => rpc("resumeworkflow", [id]))
       : action("Pause", "pause", `Pause workflow ${id}? It starts no run; open work waits.`, () => rpc("pauseworkflow", [id]));
     return heading("Workflow " + id,
-      fields([["Name", w.name], ["Channel", w.channel], ["Owner", el("span", { class: "mono" }, w.owner)], ["Trigger", w.trigger],
+      fields([["Name", w.name], ["Channel", w.channel], ["Owner", person(w.owner)], ["Trigger", w.trigger],
               ["State", badge(!w.enabled ? "disabled" : w.paused ? "paused" : "enabled")], ["Updated", when(w.updated_at)]]),
       el("div", { class: "row" }, w.enabled ? toggle : ""),
       el("h2", {}, "Runs"),
@@ -251,6 +310,15 @@
         link("#/run/" + r.id, r.id), badge(r.status), stepAt(r), r.cause.type, when(r.created_at),
         r.error ? r.error.code : "-"] }))),
       el("h2", {}, "Definition"), pre(w.definition));
+  }
+
+  // How long a step took (or has been at it), in words.
+  function took(s) {
+    if (s.started_at === null || s.started_at === undefined) return "";
+    const end = s.finished_at ?? Math.floor(Date.now() / 1000);
+    const secs = Math.max(0, end - s.started_at);
+    const text = secs < 60 ? `${secs}s` : secs < 3600 ? `${Math.floor(secs / 60)}m ${secs % 60}s` : `${Math.floor(secs / 3600)}h ${Math.floor(secs / 60) % 60}m`;
+    return el("span", { class: "took" }, s.finished_at ? ` · took ${text}` : ` · for ${text} so far`);
   }
 
   // The step a run is at (1-based) of how many, with its id; n/n once done.
@@ -265,6 +333,8 @@
     const rows = await rpc("listdeliveries", [{ run: id }]);
     const ids = [...new Set(rows.flatMap((d) => [d.message_event_id, d.reply_event_id]).filter(Boolean))];
     const events = ids.length ? await query({ ids }) : [];
+    await loadProfiles(rows.map((d) => d.target_pubkey).concat(events.map((e) => e.pubkey),
+      r.steps.flatMap((s) => (s.approval ? s.approval.approvers : []))));
     const cancel = ["running", "waiting"].includes(r.status)
       ? action("Cancel run", "cancel-run", `Cancel run ${id} and its open deliveries?`, () => rpc("cancelrun", [id]), "danger") : "";
     return heading("Run " + id,
@@ -275,14 +345,14 @@
       el("h2", {}, "Steps"),
       el("ol", { class: "timeline", id: "steps" }, r.steps.map((s) => el("li", { "data-step": s.id },
         el("strong", {}, s.id), " ", el("span", { class: "muted" }, s.action), " ", badge(s.status),
-        el("div", { class: "muted" }, "started ", when(s.started_at), " · finished ", when(s.finished_at)),
+        el("div", { class: "muted" }, "started ", when(s.started_at), " · finished ", when(s.finished_at), took(s)),
         s.error ? el("div", { class: "error" }, `${s.error.code}: ${s.error.message}`) : "",
         s.approval ? approval(r, s.approval) : "",
         s.output ? pre(s.output) : ""))),
       el("h2", {}, "Deliveries"), deliveriesTable(rows),
       el("h2", {}, "Message and replies"),
       events.length ? el("ul", { id: "messages" }, events.sort((a, b) => a.created_at - b.created_at).map((e) =>
-        el("li", {}, el("span", { class: "mono" }, short(e.pubkey)), ": ", e.content))) : el("p", { class: "muted" }, "none"));
+        el("li", {}, person(e.pubkey), ": ", e.content))) : el("p", { class: "muted" }, "none"));
   }
 
   // A request_approval step waiting: the request, who may decide, and for
@@ -305,14 +375,14 @@
       el("p", {}, "Waits for a decision: a reaction (", el("code", {}, "+"), " or a thumbs-up approves, ", el("code", {}, "-"),
         " or a thumbs-down denies) by an approver to the request ", el("span", { class: "mono" }, short(a.request_event_id)), "; times out ", when(a.deadline), "."),
       el("blockquote", {}, a.text),
-      el("p", { class: "muted" }, "Approvers: ", a.approvers.flatMap((p, i) => [i ? ", " : "", el("span", { class: "mono", title: p }, short(p))])),
+      el("p", { class: "muted" }, "Approvers: ", a.approvers.flatMap((p, i) => [i ? ", " : "", person(p)])),
       mine ? el("div", { class: "row" }, decide("Approve", "approve", "+", "secondary"), decide("Deny", "deny", "-", "danger")) : "");
   }
 
   function deliveriesTable(rows) {
     return table(["Delivery", "Status", "Attempt", "Workflow / step", "Agent", "Updated", "Failure", ""],
       rows.map((d) => ({ attrs: { "data-delivery": d.id }, cells: [link("#/delivery/" + d.id, short(d.id)), badge(d.status),
-        `${d.attempt}/${d.max_attempts}`, `${d.workflow_id} / ${d.step_id}`, el("span", { class: "mono" }, short(d.target_pubkey)),
+        `${d.attempt}/${d.max_attempts}`, `${d.workflow_id} / ${d.step_id}`, person(d.target_pubkey),
         when(d.updated_at), d.failure_code || "-", deliveryActions(d)] })));
   }
 
@@ -321,6 +391,7 @@
     for (const k of ["status", "workflow", "target"]) if (params.get(k)) q[k] = params.get(k);
     if (params.get("older")) q.older_than_secs = Number(params.get("older")) * 60;
     const rows = await rpc("listdeliveries", [q]);
+    await loadProfiles(rows.map((d) => d.target_pubkey));
     const input = (name, label, value) => el("label", {}, label, el("input", { name, id: "f-" + name, value: value || "" }));
     const status = el("select", { id: "f-status" }, ["", "pending", "claimed", "delivered", "failed", "expired", "cancelled"]
       .map((s) => el("option", { value: s, selected: s === (params.get("status") || "") }, s || "any")));
@@ -338,10 +409,11 @@
 
   async function delivery(id) {
     const d = await call("GET", "/deliveries/" + encodeURIComponent(id));
+    await loadProfiles([d.target_pubkey]);
     return heading("Delivery " + short(id),
       fields([["Id", el("span", { class: "mono" }, d.id)], ["Status", el("span", { id: "delivery-status" }, badge(d.status))],
               ["Workflow", link("#/workflow/" + encodeURIComponent(d.workflow_id), d.workflow_id)], ["Run", link("#/run/" + d.run_id, d.run_id)],
-              ["Step", d.step_id], ["Channel", d.channel], ["Agent", el("span", { class: "mono" }, d.target_pubkey)],
+              ["Step", d.step_id], ["Channel", d.channel], ["Agent", person(d.target_pubkey)],
               ["Attempt", `${d.attempt} of ${d.max_attempts}`], ["Lease until", d.status === "claimed" ? when(d.claim_expires_at) : "-"], ["Expires", when(d.expires_at)],
               ["Failure", d.failure_code ? `${d.failure_code}: ${d.failure_message || ""}` : "-"], ["Created", when(d.created_at)], ["Updated", when(d.updated_at)]]),
       el("div", { class: "row" }, deliveryActions(d)),
@@ -355,8 +427,9 @@
 
   async function agents() {
     const list = await call("GET", "/agents");
+    await loadProfiles(list.flatMap((a) => [a.pubkey, a.owner]));
     return heading("Agents", table(["Agent", "Owner", "Registered", "Last claim", "In flight"],
-      list.map((a) => ({ cells: [el("span", { class: "mono", title: a.pubkey }, short(a.pubkey)), el("span", { class: "mono", title: a.owner }, short(a.owner)),
+      list.map((a) => ({ attrs: { "data-agent": a.pubkey }, cells: [person(a.pubkey), person(a.owner),
         when(a.registered_at), when(a.last_claimed_at), a.in_flight] }))));
   }
 
