@@ -146,12 +146,30 @@ pub(crate) fn open_private(path: &Path) -> std::io::Result<std::fs::File> {
 }
 
 /// Creates `path` readable by its owner only, with `secret` and a newline,
-/// synced to disk before the database is told the key is there.
+/// synced to disk (the file and its directory entry) before the database is
+/// told the key is there. A missing keys directory is created, readable by
+/// its owner only (0700 on Unix): a packaged relay's first start makes it.
 fn write_new(path: &Path, secret: &str) -> std::io::Result<()> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    if let Some(dir) = dir {
+        let mut builder = std::fs::DirBuilder::new();
+        builder.recursive(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            builder.mode(0o700);
+        }
+        builder.create(dir)?;
+    }
     let mut f = open_private(path)?;
     f.write_all(secret.as_bytes())?;
     f.write_all(b"\n")?;
-    f.sync_all()
+    f.sync_all()?;
+    #[cfg(unix)]
+    if let Some(dir) = dir {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -204,6 +222,22 @@ mod tests {
                 .permissions()
                 .mode();
             assert_eq!(mode & 0o777, 0o600);
+        }
+    }
+
+    #[test]
+    fn a_missing_keys_dir_is_made_for_its_owner_only() {
+        let parent = tempfile::tempdir().unwrap();
+        let dir = parent.path().join("state").join("keys");
+        let mut r = record("c1");
+        let before = load(&r, None).unwrap().public_key();
+        move_out(&mut r, &dir).unwrap();
+        assert_eq!(load(&r, Some(&dir)).unwrap().public_key(), before);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o700);
         }
     }
 }
