@@ -399,6 +399,67 @@ pub struct StepView {
     /// react to (`GET /runs/<id>` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<ApprovalView>,
+    /// A step its condition skipped: the condition and what it read
+    /// (`GET /runs/<id>` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<SkipView>,
+    /// A `call_webhook` step's call as recorded: its latest attempt's
+    /// request and answer (`GET /runs/<id>` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call: Option<CallView>,
+}
+
+/// Where a webhook call's attempt is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallPhase {
+    /// Recorded and being sent (or the process died while sending).
+    Sending,
+    /// The server answered, with any status.
+    Answered,
+    /// No answer: refused before sending, unreachable, timed out, too large.
+    Failed,
+    /// Found still sending after its deadline: the process died mid-call.
+    Interrupted,
+}
+
+/// A `call_webhook` step's latest attempt: the request as sent and what
+/// came back. Sizes in bytes; times in unix seconds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallView {
+    pub attempt: i64,
+    pub phase: CallPhase,
+    /// `POST` or `PUT`.
+    pub method: String,
+    pub url: String,
+    /// The request body as sent (JSON text, at most the step's body bound).
+    pub request: String,
+    pub request_bytes: u64,
+    pub sent_at: i64,
+    pub answered_at: Option<i64>,
+    /// The HTTP status, once answered.
+    pub status: Option<u16>,
+    pub answer_bytes: Option<u64>,
+    /// Why there is no answer (`failed`, `interrupted`).
+    pub error: Option<RunError>,
+}
+
+/// Why a step was skipped: its `if`, false for this run, and the values
+/// of the run's context it read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SkipView {
+    pub condition: String,
+    /// At most `condition::MAX_INPUTS`, in the order the condition names them.
+    pub inputs: Vec<ConditionInput>,
+}
+
+/// One path a condition reads (`steps.triage.output.severity`) and its
+/// value in the run (`None`: the run has nothing there); a value longer
+/// than `condition::MAX_INPUT_BYTES` is cut, as text ending in `…`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConditionInput {
+    pub path: String,
+    pub value: Option<Value>,
 }
 
 /// An approval request waiting for its decision: a NIP-25 reaction to

@@ -140,6 +140,36 @@ impl Browser {
         serde_json::from_value(v).unwrap_or_default()
     }
 
+    /// Runs axe-core (from npm, `tests/js`) on the page as it is now, with
+    /// the WCAG 2 A and AA rules; returns each violation of impact
+    /// `serious` or `critical`: its rule, impact, help and first elements.
+    pub async fn accessibility(&self) -> Vec<String> {
+        let loaded = self
+            .client
+            .execute(
+                &format!("{}\n;return typeof axe;", crate::node::axe_source()),
+                vec![],
+            )
+            .await
+            .expect("load axe-core into the page");
+        assert_eq!(loaded, json!("object"), "axe-core did not load");
+        let found = self
+            .client
+            .execute_async(
+                "const done = arguments[arguments.length - 1];\
+                 axe.run(document, {runOnly: {type: 'tag', values: ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa']}})\
+                   .then((r) => done(r.violations\
+                     .filter((v) => v.impact === 'serious' || v.impact === 'critical')\
+                     .map((v) => `${v.id} (${v.impact}): ${v.help}: ` +\
+                       v.nodes.slice(0, 3).map((n) => n.target.join(' ')).join(', '))))\
+                   .catch((e) => done(['axe failed: ' + e]));",
+                vec![],
+            )
+            .await
+            .expect("run axe-core");
+        serde_json::from_value(found).unwrap_or_default()
+    }
+
     /// Waits for an element matching `css`.
     pub async fn wait_for(&self, css: &str) -> fantoccini::elements::Element {
         self.client

@@ -64,3 +64,11 @@ pub async fn run(script: &str, args: &[&str], limit: Duration) -> Output {
         Err(_) => panic!("node {script} did not finish within {limit:?}"),
     }
 }
+
+/// axe-core's script (the accessibility rules engine, from npm, locked in
+/// `tests/js`), for a page under test to run (`Browser::accessibility`).
+pub fn axe_source() -> String {
+    install();
+    let path = js_dir().join("node_modules/axe-core/axe.min.js");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}

@@ -2,8 +2,11 @@
 //! injected NIP-07 signer: an owner sees a run's timeline after a real
 //! agent answered and retries a failed delivery until it is delivered; an
 //! admin sees the community and bans a pubkey; a stranger sees nothing
-//! but the sign-in. Each page is photographed (docs/screenshots with
-//! UPDATE_SCREENSHOTS=1).
+//! but the sign-in; a run reads as a timeline (the agent's reply as a
+//! message, a webhook's request and answer, why a step was skipped, an
+//! error in words). Every page passes axe-core's WCAG 2 A/AA rules with
+//! no serious or critical violation. Each page is photographed
+//! (docs/screenshots with UPDATE_SCREENSHOTS=1).
 
 use std::time::Duration;
 
@@ -11,6 +14,7 @@ use nostr::prelude::{Keys, ToBech32};
 use serde_json::{json, Value};
 use tests::agent::AgentProc;
 use tests::browser::Browser;
+use tests::hooks::{Answer, HookServer};
 use tests::workflow::{api, claim_when_due, finish, rpc, run_until, start_run, Fixture};
 use tests::{event, Backend, Relay, RelayOptions};
 
@@ -25,8 +29,8 @@ fn ask(fx: &Fixture, agent: usize, text: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_for_an_owner_an_admin_and_a_stranger() {
-    if !tests::browser::available() {
-        eprintln!("skipped: no chromium/chromedriver here (CI installs them)");
+    if !tests::browser::available() || !tests::node::available() {
+        eprintln!("skipped: no chromium/chromedriver or node here (CI installs them)");
         return;
     }
     let admin = Keys::generate();
@@ -88,6 +92,26 @@ async fn the_dashboard_for_an_owner_an_admin_and_a_stranger() {
     b.wait_for(&format!("tr[data-delivery='{failed_id}'] [data-status=failed]"))
         .await;
     b.screenshot("deliveries").await;
+    // From the keyboard: the confirmation takes the focus on Cancel, and
+    // Escape closes it without acting.
+    b.click(&format!("#retry-{failed_id}")).await;
+    b.wait_for("#confirm:not([hidden])").await;
+    let focused = b
+        .client
+        .execute("return document.activeElement.id;", vec![])
+        .await
+        .unwrap();
+    assert_eq!(focused, json!("confirm-no"));
+    b.client
+        .active_element()
+        .await
+        .unwrap()
+        .send_keys("\u{e00c}")
+        .await
+        .unwrap();
+    b.wait_for("#confirm[hidden]").await;
+    b.wait_for(&format!("tr[data-delivery='{failed_id}'] [data-status=failed]"))
+        .await;
     b.click(&format!("#retry-{failed_id}")).await;
     b.click("#confirm-yes").await;
     b.show(&format!("#/delivery/{failed_id}")).await;
@@ -100,6 +124,7 @@ async fn the_dashboard_for_an_owner_an_admin_and_a_stranger() {
     b.wait_for("#delivery-status [data-status=delivered]").await;
     b.wait_text("#attempts", "runner_offline").await;
     b.screenshot("delivery").await;
+    audit(&b, "a delivery").await;
     let run = run_until(&relay, &fx.owner, &flaky_run, 20, tests::workflow::ended).await;
     assert_eq!(
         run["status"], "completed",
@@ -129,6 +154,7 @@ async fn the_dashboard_for_an_owner_an_admin_and_a_stranger() {
     let owner_npub = fx.owner.public_key().to_bech32().unwrap();
     b.wait_text(".approval", &owner_npub[..14]).await;
     b.screenshot("approval").await;
+    audit(&b, "an approval").await;
     b.click("#approve").await;
     b.wait_for("#run-status [data-status=completed]").await;
     let run = run_until(&relay, &fx.owner, &gated, 20, tests::workflow::ended).await;
@@ -168,6 +194,7 @@ async fn the_dashboard_for_an_owner_an_admin_and_a_stranger() {
     b.wait_text("#banned", &spammer).await;
     b.wait_text("#flash", "Done: ban").await;
     b.screenshot("bans").await;
+    audit(&b, "the bans").await;
     let listed = rpc(&relay, &admin, "listbannedpubkeys", json!([])).await;
     assert_eq!(listed.1["result"][0]["pubkey"], spammer.as_str(), "{listed:?}");
     // Readable at a phone's width: nothing wider than the screen.
@@ -183,6 +210,7 @@ async fn the_dashboard_for_an_owner_an_admin_and_a_stranger() {
         .unwrap();
     assert_eq!(fits, json!(true), "the overview overflows a phone's width");
     b.screenshot("overview-phone").await;
+    audit(&b, "the overview at a phone's width").await;
     b.close().await;
 
     // A stranger: the sign-in, and nothing of the community.
@@ -201,8 +229,144 @@ async fn the_dashboard_for_an_owner_an_admin_and_a_stranger() {
         .unwrap();
     assert_eq!(shown, json!([true, 0]));
     b.screenshot("signin-stranger").await;
+    audit(&b, "the sign-in").await;
     b.close().await;
     let (status, v) = api(&relay, &stranger, "GET", "/overview", None).await;
     assert_eq!((status, v["error"].as_str()), (403, Some("restricted")), "{v}");
     tokio::time::sleep(Duration::from_millis(10)).await;
+}
+
+/// No serious or critical accessibility violation on the page as drawn.
+async fn audit(b: &Browser, page: &str) {
+    let found = b.accessibility().await;
+    assert_eq!(found, Vec::<String>::new(), "axe-core on {page}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_reads_as_a_timeline() {
+    if !tests::browser::available() || !tests::node::available() {
+        eprintln!("skipped: no chromium/chromedriver or node here (CI installs them)");
+        return;
+    }
+    let hook = HookServer::start().await;
+    hook.answer(
+        "/ticket",
+        Answer::json(200, json!({"ticket": 42, "queue": "ops"})),
+    );
+    hook.answer("/down", Answer::json(503, json!({"error": "maintenance"})));
+    let relay = Relay::start_opts(
+        &Backend::Sqlite,
+        RelayOptions {
+            config_toml: format!("{FAST}[communities.default]\nwebhook_allow_hosts = [\"127.0.0.1\"]\n"),
+            ..Default::default()
+        },
+    );
+    let mut fx = Fixture::new(&relay, "ops", 1).await;
+    let agent = AgentProc::start(&relay, &fx.agents[0], &fx.owner, "type = \"echo\"", "");
+    agent.wait_subscribed().await;
+    let base = format!("http://{}", hook.addr);
+    fx.define(
+        "ticket",
+        &json!({"name": "ticket", "trigger": {"on": "manual"}, "steps": [
+            {"id": "ask", "action": "ask_agent", "text": format!("{} summarize the outage", fx.mention(0))},
+            {"id": "file", "action": "call_webhook", "url": format!("{base}/ticket"),
+             "body": {"summary": "{{steps.ask.output.reply}}"}},
+            {"id": "page", "action": "send_message", "text": "paging: no ticket",
+             "if": "steps.file.output.status != 200 && trigger.text != ''"}]}),
+    )
+    .await;
+    fx.define(
+        "broken",
+        &json!({"name": "broken", "trigger": {"on": "manual"}, "steps": [
+            {"id": "file", "action": "call_webhook", "url": format!("{base}/down")}]}),
+    )
+    .await;
+    let ok = start_run(&relay, &fx.owner, "ticket", json!({})).await;
+    let run = run_until(&relay, &fx.owner, &ok, 20, tests::workflow::ended).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    // The API says why the step was skipped, and what the call was.
+    let (_, shown) = tests::workflow::get_run(&relay, &fx.owner, &ok).await;
+    assert_eq!(
+        shown["steps"][2]["skipped"],
+        json!({"condition": "steps.file.output.status != 200 && trigger.text != ''",
+               "inputs": [{"path": "steps.file.output.status", "value": 200},
+                          {"path": "trigger.text", "value": null}]}),
+        "{shown}"
+    );
+    let call = &shown["steps"][1]["call"];
+    assert_eq!(
+        (&call["phase"], &call["method"], &call["status"]),
+        (&json!("answered"), &json!("POST"), &json!(200)),
+        "{shown}"
+    );
+    assert_eq!(call["url"], format!("{base}/ticket"));
+    assert!(call["request"].as_str().unwrap().contains("echo: "), "{call}");
+    let bad = start_run(&relay, &fx.owner, "broken", json!({})).await;
+    let run = run_until(&relay, &fx.owner, &bad, 20, tests::workflow::ended).await;
+    assert_eq!(run["error"]["code"], "http_503", "{run}");
+
+    let mut b = Browser::start().await;
+    b.sign_in_as(&format!("{}/ui", relay.http_url()), &fx.owner).await;
+    b.wait_for("#who[data-role=owner]").await;
+    audit(&b, "the overview").await;
+    b.show(&format!("#/run/{ok}")).await;
+    // The agent's answer as a message, under its npub.
+    b.wait_text("#steps li[data-step=ask] .replies blockquote", "echo: ")
+        .await;
+    let npub = fx.agents[0].public_key().to_bech32().unwrap();
+    b.wait_text("#steps li[data-step=ask] .replies", &npub[..14])
+        .await;
+    // The webhook's request and answer.
+    b.wait_text("#steps li[data-step=file] .call", &format!("POST {base}/ticket"))
+        .await;
+    b.wait_text("#steps li[data-step=file] .answer", "HTTP 200").await;
+    // Why the last step was skipped: its condition and what it read.
+    b.wait_text("#steps li[data-step=page] .skip", "was false for this run")
+        .await;
+    b.wait_text(
+        "#steps li[data-step=page] .inputs [data-path='steps.file.output.status']",
+        "= 200",
+    )
+    .await;
+    audit(&b, "a completed run").await;
+    b.screenshot("run-timeline").await;
+    b.show(&format!("#/run/{bad}")).await;
+    b.wait_text(
+        "#steps li[data-step=file] .error",
+        "The webhook answered HTTP 503.",
+    )
+    .await;
+    b.wait_text("#steps li[data-step=file] .answer", "HTTP 503").await;
+    audit(&b, "a failed run").await;
+    b.screenshot("run-failed").await;
+    // A workflow drawn as its steps and conditions, with how its runs end.
+    let (_, w) = api(&relay, &fx.owner, "GET", "/workflows/broken", None).await;
+    assert_eq!(
+        (
+            &w["stats"]["ended"],
+            &w["stats"]["failed"],
+            &w["stats"]["success_rate"]
+        ),
+        (&json!(1), &json!(1), &json!(0.0)),
+        "{w}"
+    );
+    b.show("#/workflow/ticket").await;
+    b.wait_text("#stats #st-rate", "100%").await;
+    b.wait_for("#stats [data-part=completed]").await;
+    b.wait_text("#flow .trigger", "manual").await;
+    b.wait_text(
+        "#flow li[data-step=page] .cond",
+        "if steps.file.output.status != 200",
+    )
+    .await;
+    b.wait_text("#flow li[data-step=file] .what", &format!("POST {base}/ticket"))
+        .await;
+    audit(&b, "a workflow").await;
+    b.screenshot("workflow").await;
+    for page in ["#/workflows", "#/deliveries", "#/agents", "#/channels"] {
+        b.show(page).await;
+        audit(&b, page).await;
+    }
+    assert_eq!(b.page_errors().await, Vec::<String>::new());
+    b.close().await;
 }

@@ -25,7 +25,9 @@ use cel::{Context, Program};
 use serde_json::Value;
 
 mod budget;
+mod inputs;
 pub use budget::{MAX_EVAL_BYTES, MAX_EVAL_STEPS};
+pub use inputs::{MAX_INPUTS, MAX_INPUT_BYTES};
 
 /// Longest condition accepted.
 pub const MAX_CONDITION_BYTES: usize = 2048;
@@ -100,6 +102,8 @@ pub struct ConditionError {
 pub struct Condition {
     /// The program's tree with every operation counted (see `budget`).
     counted: IdedExpr,
+    /// The context paths it reads, in source order (see `inputs`).
+    paths: Vec<Vec<String>>,
 }
 
 impl Condition {
@@ -135,7 +139,14 @@ impl Condition {
             return Err(at(src, &program, root.id, message));
         }
         let counted = budget::counted(program.expression());
-        Ok(Condition { counted })
+        let paths = inputs::paths_of(program.expression());
+        Ok(Condition { counted, paths })
+    }
+
+    /// What it reads of a run's context (`trigger.*`, `steps.<id>.output.*`),
+    /// each path with its value there: why it was true or false.
+    pub fn inputs(&self, ctx: &Value) -> Vec<crate::api::ConditionInput> {
+        inputs::values_in(&self.paths, ctx)
     }
 
     /// Evaluates against a run's context `{"trigger": …, "steps": {id: {"output": …}}}`.
@@ -613,6 +624,37 @@ mod tests {
         Condition::compile(src, &earlier())
             .map_err(|e| e.to_string())?
             .eval(&ctx())
+    }
+
+    #[test]
+    fn inputs_name_what_it_read_with_values_in_source_order() {
+        let c = Condition::compile(
+            "steps.triage.output.reply.startsWith('x') || trigger.text == 'a' \
+             || has(steps['a-b'].output.reply) || trigger.body.tags[1] == 'y' \
+             || trigger.text != 'b'",
+            &earlier(),
+        )
+        .unwrap();
+        let got: Vec<(String, Option<Value>)> =
+            c.inputs(&ctx()).into_iter().map(|i| (i.path, i.value)).collect();
+        assert_eq!(
+            got,
+            vec![
+                ("steps.triage.output.reply".into(), Some(json!("urgent: db"))),
+                ("trigger.text".into(), Some(json!("Prod is DOWN"))),
+                // has(): the map it tests; a dynamic index: the list.
+                ("steps.a-b.output".into(), Some(json!({"skipped": true}))),
+                ("trigger.body.tags".into(), Some(json!(["x", "y"]))),
+            ]
+        );
+        // A value too long to show is cut; a path the run lacks is None.
+        let long = json!({"trigger": {"text": "z".repeat(1000)}, "steps": {}});
+        let inputs = c.inputs(&long);
+        let Some(Value::String(cut)) = &inputs[1].value else {
+            panic!("{inputs:?}")
+        };
+        assert!(cut.len() <= MAX_INPUT_BYTES + 3 && cut.ends_with('…'), "{cut}");
+        assert_eq!(inputs[0].value, None);
     }
 
     #[test]

@@ -39,7 +39,7 @@
   const badge = (s) => el("span", { class: "badge s-" + s, "data-status": s }, s);
   const link = (href, text) => el("a", { href }, text);
   function table(headers, rows, attrs) {
-    return el("div", { class: "scroll" }, el("table", attrs || {},
+    return el("div", { class: "scroll", tabindex: 0 }, el("table", attrs || {},
       el("thead", {}, el("tr", {}, headers.map((h) => el("th", {}, h)))),
       el("tbody", {}, rows.length ? rows.map((r) => el("tr", r.attrs || {}, r.cells.map((c) => el("td", {}, c))))
                                  : el("tr", {}, el("td", { colspan: headers.length, class: "muted" }, "none")))));
@@ -47,7 +47,8 @@
   function fields(pairs) {
     return el("dl", {}, pairs.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v ?? "-")]));
   }
-  const pre = (v) => el("pre", {}, JSON.stringify(v, null, 2));
+  // Scrollable boxes take the keyboard's focus, so that they scroll without a mouse.
+  const pre = (v) => el("pre", { tabindex: 0 }, typeof v === "string" ? v : JSON.stringify(v, null, 2));
 
   // ---- people: NIP-19 npub, names from kind 0 ---------------------------
   const BECH32 = "qpzry9x8gf2tvdw0s3jn54khce6mua7l";
@@ -210,11 +211,30 @@
   }
 
   // ---- actions -----------------------------------------------------------
+  // Asks before an action. From the keyboard: the focus moves to Cancel,
+  // Tab stays inside the dialog, Escape cancels, and the focus goes back
+  // to the button that asked.
   function confirmAction(text) {
+    const from = document.activeElement;
     return new Promise((resolve) => {
       $("confirm-text").textContent = text;
       $("confirm").hidden = false;
-      const end = (yes) => { $("confirm").hidden = true; $("confirm-yes").onclick = null; $("confirm-no").onclick = null; resolve(yes); };
+      $("confirm-no").focus();
+      const keys = (e) => {
+        if (e.key === "Escape") { e.preventDefault(); end(false); }
+        if (e.key === "Tab") {
+          e.preventDefault();
+          (document.activeElement === $("confirm-no") ? $("confirm-yes") : $("confirm-no")).focus();
+        }
+      };
+      const end = (yes) => {
+        $("confirm").hidden = true;
+        $("confirm-yes").onclick = null; $("confirm-no").onclick = null;
+        document.removeEventListener("keydown", keys, true);
+        if (from && from.isConnected) from.focus();
+        resolve(yes);
+      };
+      document.addEventListener("keydown", keys, true);
       $("confirm-yes").onclick = () => end(true);
       $("confirm-no").onclick = () => end(false);
     });
@@ -305,11 +325,64 @@
       fields([["Name", w.name], ["Channel", w.channel], ["Owner", person(w.owner)], ["Trigger", w.trigger],
               ["State", badge(!w.enabled ? "disabled" : w.paused ? "paused" : "enabled")], ["Updated", when(w.updated_at)]]),
       el("div", { class: "row" }, w.enabled ? toggle : ""),
+      el("h2", {}, "How its runs end"), runStats(w.stats),
+      el("h2", {}, "Steps"), flow(w.definition),
       el("h2", {}, "Runs"),
       table(["Run", "Status", "Step", "Cause", "Created", "Error"], runs.runs.map((r) => ({ cells: [
         link("#/run/" + r.id, r.id), badge(r.status), stepAt(r), r.cause.type, when(r.created_at),
         r.error ? r.error.code : "-"] }))),
-      el("h2", {}, "Definition"), pre(w.definition));
+      el("details", {}, el("summary", {}, "Definition as published"), pre(w.definition)));
+  }
+
+  // Seconds in words: 42 s, 3m 5s, 2h 10m.
+  function span(secs) {
+    if (secs === null || secs === undefined) return "-";
+    return secs < 60 ? `${secs} s` : secs < 3600 ? `${Math.floor(secs / 60)}m ${secs % 60}s` : `${Math.floor(secs / 3600)}h ${Math.floor(secs / 60) % 60}m`;
+  }
+
+  // The latest ended runs: success rate, how each ended, durations.
+  function runStats(st) {
+    if (!st.ended) return el("p", { class: "muted", id: "stats" }, "No run has ended yet.");
+    const card = (id, n, k) => el("div", { class: "card", id }, el("div", { class: "n" }, n), el("div", { class: "k" }, k));
+    return el("div", { id: "stats" },
+      el("div", { class: "cards" },
+        card("st-rate", Math.round(st.success_rate * 100) + "%", `completed, of the last ${st.ended} ended`),
+        card("st-failed", st.failed, "failed"), card("st-cancelled", st.cancelled, "cancelled"),
+        card("st-p50", span(st.p50_secs), "median run (completed)"), card("st-p95", span(st.p95_secs), "95th percentile"),
+        card("st-max", span(st.max_secs), "longest")),
+      el("div", { class: "bar", role: "img", "aria-label": `${st.completed} completed, ${st.failed} failed, ${st.cancelled} cancelled` },
+        [["completed", st.completed], ["failed", st.failed], ["cancelled", st.cancelled]].filter(([, n]) => n > 0)
+          .map(([k, n]) => {
+            // Through the CSSOM: the page's CSP allows no inline style attribute.
+            const part = el("span", { class: "s-" + k, "data-part": k, title: `${k}: ${n}` });
+            part.style.flex = `${n} 0 0`;
+            return part;
+          })));
+  }
+
+  // A definition drawn as its trigger and steps, each with its condition.
+  function flow(def) {
+    if (!def || !Array.isArray(def.steps)) return el("p", { class: "muted" }, "The definition is no longer stored.");
+    const t = def.trigger || {};
+    const trigger = t.on === "schedule" ? (t.cron ? `cron ${t.cron}${t.timezone ? " (" + t.timezone + ")" : ""}` : `every ${span(t.interval_secs)}`) : t.on;
+    const what = (s) => {
+      switch (s.action) {
+        case "ask_agent": return [s.text, s.wait ? ` · waits for ${s.wait}` : "", s.timeout_secs ? ` · timeout ${span(s.timeout_secs)}` : ""];
+        case "send_message": return s.text;
+        case "delay": return `wait ${span(s.secs)}`;
+        case "request_approval": return [s.text, s.timeout_secs ? ` · timeout ${span(s.timeout_secs)}` : "",
+          s.on_deny ? ` · if denied: ${s.on_deny}` : ""];
+        case "call_webhook": return [el("code", {}, `${s.method || "POST"} ${s.url}`), s.retry ? " · retried" : ""];
+        default: return "";
+      }
+    };
+    return el("ol", { class: "flow", id: "flow" },
+      el("li", { class: "trigger" }, el("strong", {}, "trigger "), trigger || "-"),
+      def.steps.map((s) => el("li", { "data-step": s.id },
+        s.if ? el("div", { class: "cond" }, "if ", el("code", {}, s.if)) : "",
+        el("div", { class: "box" }, el("strong", {}, s.id), " ", el("span", { class: "muted" }, s.action),
+          el("div", { class: "what" }, what(s)),
+          s.on_failure ? el("div", { class: "muted" }, "on failure: " + s.on_failure) : ""))));
   }
 
   // How long a step took (or has been at it), in words.
@@ -334,7 +407,8 @@
     const ids = [...new Set(rows.flatMap((d) => [d.message_event_id, d.reply_event_id]).filter(Boolean))];
     const events = ids.length ? await query({ ids }) : [];
     await loadProfiles(rows.map((d) => d.target_pubkey).concat(events.map((e) => e.pubkey),
-      r.steps.flatMap((s) => (s.approval ? s.approval.approvers : []))));
+      r.steps.flatMap((s) => (s.approval ? s.approval.approvers : [])),
+      r.steps.flatMap((s) => (s.output && Array.isArray(s.output.replies) ? s.output.replies.map((a) => a.agent) : []))));
     const cancel = ["running", "waiting"].includes(r.status)
       ? action("Cancel run", "cancel-run", `Cancel run ${id} and its open deliveries?`, () => rpc("cancelrun", [id]), "danger") : "";
     return heading("Run " + id,
@@ -343,16 +417,91 @@
               ["Error", r.error ? `${r.error.code}: ${r.error.message}` : "-"]]),
       el("div", { class: "row" }, cancel),
       el("h2", {}, "Steps"),
-      el("ol", { class: "timeline", id: "steps" }, r.steps.map((s) => el("li", { "data-step": s.id },
+      el("ol", { class: "timeline", id: "steps" }, r.steps.map((s) => el("li", { "data-step": s.id, class: "t-" + s.status },
         el("strong", {}, s.id), " ", el("span", { class: "muted" }, s.action), " ", badge(s.status),
         el("div", { class: "muted" }, "started ", when(s.started_at), " · finished ", when(s.finished_at), took(s)),
-        s.error ? el("div", { class: "error" }, `${s.error.code}: ${s.error.message}`) : "",
-        s.approval ? approval(r, s.approval) : "",
-        s.output ? pre(s.output) : ""))),
+        stepBody(r, s)))),
       el("h2", {}, "Deliveries"), deliveriesTable(rows),
       el("h2", {}, "Message and replies"),
       events.length ? el("ul", { id: "messages" }, events.sort((a, b) => a.created_at - b.created_at).map((e) =>
         el("li", {}, person(e.pubkey), ": ", e.content))) : el("p", { class: "muted" }, "none"));
+  }
+
+  // What a step did, read for people: why it was skipped, the agents'
+  // replies as messages, the webhook's request and answer, errors in
+  // words; any other output as JSON, folded.
+  function stepBody(r, s) {
+    const out = s.output || {};
+    return [
+      s.error ? inWords(s.error) : "",
+      s.skipped ? skippedBecause(s.skipped) : "",
+      s.approval ? approval(r, s.approval) : "",
+      s.call ? webhookCall(s.call, out) : "",
+      Array.isArray(out.replies) && out.replies.length ? replies(out.replies) : "",
+      s.output && !s.skipped && !s.call ? el("details", {}, el("summary", {}, "Output"), pre(s.output)) : "",
+    ];
+  }
+
+  // Run error codes (docs/workflows.md) in words; the relay's own message
+  // and the code follow.
+  const ERROR_WORDS = {
+    message_too_large: "The step's message was larger than the relay accepts.",
+    message_refused: "The relay refused the step's message.",
+    template_invalid: "A template of the step could not be filled in.",
+    condition_error: "The step's condition could not be evaluated for this run.",
+    no_agent: "No managed agent of the channel could be asked.",
+    agent_failed: "The agent did not deliver an answer.",
+    step_timeout: "Nothing came back before the step's timeout.",
+    denied: "An approver denied the request.",
+    webhook_timeout: "The webhook did not answer in time.",
+    webhook_unreachable: "The webhook could not be reached.",
+    webhook_refused: "The relay does not call this address (loopback, private or a redirect elsewhere).",
+    answer_too_large: "The webhook's answer was over 64 KiB.",
+    body_invalid: "The request body did not make JSON of at most 64 KiB.",
+    secret_missing: "The secret the call is signed with is not set.",
+    secret_unreadable: "The secret the call is signed with cannot be opened with this relay's secrets key.",
+    interrupted: "The relay stopped while the call was in flight; it is not sent twice.",
+    workflow_disabled: "The workflow was disabled or deleted.",
+    channel_deleted: "The channel was deleted.",
+    definition_missing: "The workflow revision this run started with is no longer stored.",
+  };
+  function inWords(err) {
+    const http = /^http_(\d{3})$/.exec(err.code || "");
+    const words = http ? `The webhook answered HTTP ${http[1]}.` : ERROR_WORDS[err.code] || "The step failed.";
+    return el("div", { class: "error", "data-code": err.code }, words, " ",
+      err.message ? el("span", { class: "why" }, err.message) : "", " ", el("code", {}, err.code));
+  }
+
+  // A skipped step: its condition, false for this run, and what it read.
+  function skippedBecause(k) {
+    const shown = (v) => (v === null || v === undefined ? "absent" : JSON.stringify(v));
+    return el("div", { class: "skip" },
+      el("p", {}, "Skipped: its condition ", el("code", {}, k.condition), " was false for this run."),
+      k.inputs.length ? el("ul", { class: "inputs" }, k.inputs.map((i) =>
+        el("li", { "data-path": i.path }, el("code", {}, i.path), " = ", el("code", { class: "value" }, shown(i.value))))) : "");
+  }
+
+  // The agents' answers of an ask_agent step, as messages.
+  function replies(list) {
+    return el("ul", { class: "replies" }, list.map((a) => el("li", { "data-delivery": a.delivery_id },
+      person(a.agent), " ", badge(a.status), " ",
+      a.text ? el("blockquote", {}, a.text) : el("span", { class: "muted" }, "no reply"))));
+  }
+
+  // A call_webhook step's latest attempt: request and answer.
+  function webhookCall(c, out) {
+    const size = (n) => (n === null || n === undefined ? "-" : n < 1024 ? `${n} B` : `${(n / 1024).toFixed(1)} KiB`);
+    const secs = c.answered_at === null || c.answered_at === undefined ? null : Math.max(0, c.answered_at - c.sent_at);
+    const answer = c.phase === "answered"
+      ? [el("span", { class: "http", "data-status": c.status }, `HTTP ${c.status}`), ` · ${size(c.answer_bytes)}`, secs === null ? "" : ` · in ${secs < 1 ? "under 1" : secs} s`]
+      : c.phase === "sending" ? [el("span", { class: "muted" }, "waiting for the answer")]
+      : [el("span", { class: "error" }, c.phase), c.error ? ` · ${c.error.message}` : ""];
+    return el("div", { class: "call" },
+      el("p", {}, el("strong", {}, "Request "), el("code", {}, `${c.method} ${c.url}`), ` · ${size(c.request_bytes)}`,
+        c.attempt > 1 ? ` · attempt ${c.attempt}` : "", " · sent ", when(c.sent_at)),
+      el("details", {}, el("summary", {}, "Request body"), pre(c.request)),
+      el("p", { class: "answer" }, el("strong", {}, "Answer "), ...answer),
+      out.body !== undefined ? el("details", {}, el("summary", {}, "Answer body"), pre(out.body)) : "");
   }
 
   // A request_approval step waiting: the request, who may decide, and for

@@ -4,9 +4,11 @@
 //! every list is bounded.
 
 use protocol::api::{DeliveryStatus, RunStatus};
-use protocol::dashboard::{AgentView, ChannelSummary, Minute, WorkflowDetail, WorkflowSummary};
+use protocol::dashboard::{
+    AgentView, ChannelSummary, Minute, RunStats, WorkflowDetail, WorkflowSummary, RUN_STATS_WINDOW,
+};
 
-use crate::persistence::db::{Tx, Q};
+use crate::persistence::db::{named, Tx, Q};
 use crate::persistence::StoreError;
 use crate::workflow::definitions as workflows;
 
@@ -208,7 +210,25 @@ pub async fn workflow(
         summary,
         definition_event_id: hex::encode(definition_id),
         definition,
+        stats: run_stats(tx, community, id).await?,
     }))
+}
+
+/// How the workflow's latest ended runs (at most [`RUN_STATS_WINDOW`])
+/// ended and took.
+async fn run_stats(tx: &mut Tx<'_>, community: &str, id: &str) -> Result<RunStats, StoreError> {
+    let q = Q::new(format!(
+        "SELECT status, updated_at - created_at FROM workflow_runs \
+         WHERE community_id = $1 AND workflow_id = $2 AND status IN ('completed', 'failed', 'cancelled') \
+         ORDER BY updated_at DESC LIMIT {RUN_STATS_WINDOW}"
+    ))
+    .bind(community)
+    .bind(id);
+    let mut ended = Vec::new();
+    for r in tx.all(q).await? {
+        ended.push((named(&r.text(0)?, RunStatus::parse)?, r.int(1)?));
+    }
+    Ok(RunStats::of(&ended))
 }
 
 /// Registered agents (or those `owner` owns): last claim, deliveries held.

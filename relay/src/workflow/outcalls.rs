@@ -11,10 +11,11 @@
 //! The store never sees a secret in clear: it keeps what the secrets key
 //! sealed, and hands the sealed bytes to the engine with the call.
 
+use protocol::api::{CallPhase, CallView, RunError};
 use protocol::workflow::HttpMethod;
 use serde_json::Value;
 
-use crate::persistence::db::{Tx, Q};
+use crate::persistence::db::{Row, Tx, Q};
 use crate::persistence::StoreError;
 
 /// A call to send now (after the commit that recorded it).
@@ -116,6 +117,41 @@ pub async fn record(
     Ok(())
 }
 
+/// The row of a step's call, every column.
+async fn row(
+    tx: &mut Tx<'_>,
+    community: &str,
+    run_id: &str,
+    step_id: &str,
+) -> Result<Option<Row>, StoreError> {
+    tx.one(
+        Q::new(
+            "SELECT attempt, state, deadline, url, request_body, status, answer, error_code, error, \
+             recorded_at, answered_at \
+             FROM workflow_webhook_calls WHERE community_id = $1 AND run_id = $2 AND step_id = $3",
+        )
+        .bind(community)
+        .bind(run_id)
+        .bind(step_id),
+    )
+    .await
+}
+
+/// A call's `state` column.
+fn phase(state: &str) -> Result<CallPhase, StoreError> {
+    Ok(match state {
+        "sending" => CallPhase::Sending,
+        "answered" => CallPhase::Answered,
+        "failed" => CallPhase::Failed,
+        "interrupted" => CallPhase::Interrupted,
+        other => {
+            return Err(StoreError::Corrupt(format!(
+                "webhook call: unknown state {other}"
+            )))
+        }
+    })
+}
+
 /// A step's recorded call, if any.
 pub async fn load(
     tx: &mut Tx<'_>,
@@ -123,23 +159,14 @@ pub async fn load(
     run_id: &str,
     step_id: &str,
 ) -> Result<Option<Recorded>, StoreError> {
-    let row = tx
-        .one(
-            Q::new(
-                "SELECT attempt, state, deadline, url, request_body, status, answer, error_code, error \
-                 FROM workflow_webhook_calls WHERE community_id = $1 AND run_id = $2 AND step_id = $3",
-            )
-            .bind(community)
-            .bind(run_id)
-            .bind(step_id),
-        )
-        .await?;
-    let Some(r) = row else { return Ok(None) };
+    let Some(r) = row(tx, community, run_id, step_id).await? else {
+        return Ok(None);
+    };
     let corrupt = |what: &str| StoreError::Corrupt(format!("webhook call: {what}"));
-    let state = match r.text("state")?.as_str() {
-        "sending" => CallState::Sending,
-        "interrupted" => CallState::Interrupted,
-        "answered" => {
+    let state = match phase(&r.text("state")?)? {
+        CallPhase::Sending => CallState::Sending,
+        CallPhase::Interrupted => CallState::Interrupted,
+        CallPhase::Answered => {
             let status = r.opt_int("status")?.and_then(|s| u16::try_from(s).ok());
             let answer = r.opt_text("answer")?;
             let body = answer.map(|a| serde_json::from_str(&a)).transpose();
@@ -148,11 +175,10 @@ pub async fn load(
                 _ => return Err(corrupt("an answered call without its status or answer")),
             }
         }
-        "failed" => CallState::Ended(CallResult::Failed {
+        CallPhase::Failed => CallState::Ended(CallResult::Failed {
             code: r.opt_text("error_code")?.unwrap_or_default(),
             message: r.opt_text("error")?.unwrap_or_default(),
         }),
-        other => return Err(corrupt(&format!("unknown state {other}"))),
     };
     Ok(Some(Recorded {
         attempt: r.int("attempt")?,
@@ -160,6 +186,40 @@ pub async fn load(
         deadline: r.int("deadline")?,
         url: r.text("url")?,
         body: r.text("request_body")?,
+    }))
+}
+
+/// A step's call as the dashboard shows it: the latest attempt's request
+/// and what came back (`None`: the step sent none).
+pub async fn view(
+    tx: &mut Tx<'_>,
+    community: &str,
+    run_id: &str,
+    step_id: &str,
+    method: HttpMethod,
+) -> Result<Option<CallView>, StoreError> {
+    let Some(r) = row(tx, community, run_id, step_id).await? else {
+        return Ok(None);
+    };
+    let phase = phase(&r.text("state")?)?;
+    let request = r.text("request_body")?;
+    let error = r.opt_text("error_code")?.map(|code| RunError {
+        code,
+        message: r.opt_text("error").ok().flatten().unwrap_or_default(),
+        step: Some(step_id.to_string()),
+    });
+    Ok(Some(CallView {
+        attempt: r.int("attempt")?,
+        phase,
+        method: method.as_str().to_string(),
+        url: r.text("url")?,
+        request_bytes: request.len() as u64,
+        request,
+        sent_at: r.int("recorded_at")?,
+        answered_at: r.opt_int("answered_at")?,
+        status: r.opt_int("status")?.and_then(|s| u16::try_from(s).ok()),
+        answer_bytes: r.opt_text("answer")?.map(|a| a.len() as u64),
+        error,
     }))
 }
 

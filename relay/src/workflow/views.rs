@@ -1,7 +1,8 @@
 //! Runs as the engine and people see them: the runs due now, where a run
 //! is, cancel and reopen by management, and the run listings and views.
 
-use protocol::api::{CauseKind, CauseView, RunError, RunStatus, RunView, StepStatus, StepView};
+use protocol::api::{CauseKind, CauseView, RunError, RunStatus, RunView, SkipView, StepStatus, StepView};
+use protocol::condition::{Condition, StepShape};
 use protocol::workflow::{Action, Definition, Step};
 use serde_json::Value;
 
@@ -291,6 +292,8 @@ pub(crate) fn step_views(def: Option<&Definition>, trace: &[TraceEntry], at: &Cu
         output: Some(e.output.clone()),
         error: e.error.clone(),
         approval: None,
+        skipped: None,
+        call: None,
     };
     let Some(def) = def else {
         return trace.iter().map(ended).collect();
@@ -323,9 +326,31 @@ pub(crate) fn step_views(def: Option<&Definition>, trace: &[TraceEntry], at: &Cu
                     .then(|| at.error.cloned())
                     .flatten(),
                 approval: None,
+                skipped: None,
+                call: None,
             }
         })
         .collect()
+}
+
+/// Each skipped step's condition and the values it read in this run (the
+/// outputs of earlier steps, which do not change once they ended, and
+/// the trigger), so that the page says why without evaluating anything.
+fn explain_skips(steps: &mut [StepView], def: &Definition, ctx: &Value) {
+    for (i, step) in def.steps.iter().enumerate() {
+        let Some(view) = steps.get_mut(i).filter(|v| v.status == StepStatus::Skipped) else {
+            continue;
+        };
+        let Some(src) = step.condition() else { continue };
+        let earlier: Vec<StepShape<'_>> = def.steps[..i].iter().map(Step::shape).collect();
+        let inputs = Condition::compile(src, &earlier)
+            .map(|c| c.inputs(ctx))
+            .unwrap_or_default();
+        view.skipped = Some(SkipView {
+            condition: src.to_string(),
+            inputs,
+        });
+    }
 }
 
 /// One run by id, with its trigger context and channel.
@@ -342,9 +367,18 @@ pub async fn show_run(tx: &mut Tx<'_>, community: &str, run_id: &str) -> Result<
         .await?;
     let Some(r) = row else { return Ok(None) };
     let def = load_definition(tx, community, &r.id32("definition_event_id")?).await?;
-    let mut run = run_view(&r, &r.text("trace")?, def.as_ref())?;
-    run.trigger_context =
-        Some(serde_json::from_str::<Value>(&r.text("trigger_context")?).unwrap_or(Value::Null));
+    let trace = r.text("trace")?;
+    let mut run = run_view(&r, &trace, def.as_ref())?;
+    let trigger = serde_json::from_str::<Value>(&r.text("trigger_context")?).unwrap_or(Value::Null);
+    if let Some(def) = &def {
+        let trace = serde_json::from_str::<Value>(&trace).unwrap_or(Value::Array(Vec::new()));
+        explain_skips(
+            &mut run.steps,
+            def,
+            &protocol::template::context(&trigger, &trace),
+        );
+    }
+    run.trigger_context = Some(trigger);
     run.channel = Some(r.text("channel")?);
     let waiting = run
         .steps
@@ -352,6 +386,11 @@ pub async fn show_run(tx: &mut Tx<'_>, community: &str, run_id: &str) -> Result<
         .find(|s| s.status == StepStatus::Waiting && s.action == Action::RequestApproval.as_str());
     if let Some(step) = waiting {
         step.approval = crate::workflow::approvals::waiting(tx, community, run_id, &step.id).await?;
+    }
+    for (view, step) in run.steps.iter_mut().zip(def.iter().flat_map(|d| d.steps.iter())) {
+        if let Step::CallWebhook(hook) = step {
+            view.call = crate::workflow::outcalls::view(tx, community, run_id, &view.id, hook.method).await?;
+        }
     }
     Ok(Some(run))
 }
