@@ -3,6 +3,7 @@
 //! WebSocket) with a key read from a file or the environment, never from
 //! an argument that `ps` would show.
 
+mod bulk;
 mod client;
 mod show;
 
@@ -19,7 +20,7 @@ use protocol::api::{
     DeliveryDetail, DeliveryView, Me, RunStarted, RunView, RunsPage, SecretStored, WebhookSecret,
 };
 use protocol::dashboard::{WorkflowDetail, WorkflowSummary};
-use protocol::nip86::{DeliveryChanged, EventEntry, PubkeyEntry, RunChanged, WorkflowChanged};
+use protocol::nip86::{EventEntry, PubkeyEntry, RunChanged, WorkflowChanged};
 use serde::de::IgnoredAny;
 use serde::Serialize;
 use show::{fields, or_dash, table, when};
@@ -147,8 +148,11 @@ enum RunsCommand {
     },
     /// One run with its steps.
     Show { id: String },
-    /// Cancel a run and its open deliveries.
-    Cancel { id: String },
+    /// Cancel runs (one or more ids) and their open deliveries.
+    Cancel {
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -167,10 +171,11 @@ enum DeliveriesCommand {
     },
     /// One delivery with its attempts.
     Show { id: String },
-    /// Make a failed, expired or cancelled delivery pending again.
-    Retry { id: String },
-    /// Cancel a pending or claimed delivery.
-    Cancel { id: String },
+    /// Make failed, expired or cancelled deliveries pending again: the ids
+    /// given, or those a filter selects (listed; changed with --yes).
+    Retry(bulk::Selection),
+    /// Cancel pending or claimed deliveries: ids, or a filter as for retry.
+    Cancel(bulk::Selection),
 }
 
 #[derive(Subcommand)]
@@ -587,10 +592,11 @@ async fn runs(relay: &Relay, out: Out, command: RunsCommand) -> anyhow::Result<(
                 &rows,
             );
         }
-        RunsCommand::Cancel { id } => {
-            relay.rpc::<RunChanged>("cancelrun", json!([id])).await?;
-            out.done(&format!("run {id} cancelled"));
+        RunsCommand::Cancel { ids } if ids.len() == 1 => {
+            relay.rpc::<RunChanged>("cancelrun", json!([ids[0]])).await?;
+            out.done(&format!("run {} cancelled", ids[0]));
         }
+        RunsCommand::Cancel { ids } => bulk::runs(relay, out, ids).await?,
     }
     Ok(())
 }
@@ -702,16 +708,8 @@ async fn deliveries(relay: &Relay, out: Out, command: DeliveriesCommand) -> anyh
                 &rows,
             );
         }
-        DeliveriesCommand::Retry { id } => {
-            relay.rpc::<DeliveryChanged>("retrydelivery", json!([id])).await?;
-            out.done(&format!("delivery {id} is pending again"));
-        }
-        DeliveriesCommand::Cancel { id } => {
-            relay
-                .rpc::<DeliveryChanged>("canceldelivery", json!([id]))
-                .await?;
-            out.done(&format!("delivery {id} cancelled"));
-        }
+        DeliveriesCommand::Retry(sel) => bulk::deliveries(relay, out, sel, true).await?,
+        DeliveriesCommand::Cancel(sel) => bulk::deliveries(relay, out, sel, false).await?,
     }
     Ok(())
 }

@@ -22,6 +22,9 @@ pub const MAX_NAME_BYTES: usize = 256;
 pub const MAX_DESCRIPTION_BYTES: usize = 4096;
 /// Most rows `listdeliveries` answers.
 pub const MAX_LIST_DELIVERIES: u32 = 500;
+/// Most ids one bulk call (`retrydeliveries`, `canceldeliveries`,
+/// `cancelruns`) acts on.
+pub const MAX_BULK_IDS: usize = 100;
 
 /// A request body.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -84,6 +87,22 @@ pub struct DeliveryChanged {
     pub status: DeliveryStatus,
 }
 
+/// The answer of a bulk call: what changed, and each id refused with the
+/// error its single call would have answered (`pending: ...` when the row
+/// moved on since it was listed, `restricted: ...`, `invalid: ...`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BulkChanged<T> {
+    pub changed: Vec<T>,
+    pub refused: Vec<BulkRefused>,
+}
+
+/// One id of a bulk call left as it was, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BulkRefused {
+    pub id: String,
+    pub error: String,
+}
+
 /// The answer of `cancelrun`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunChanged {
@@ -116,6 +135,9 @@ pub enum Method {
     CancelRun,
     PauseWorkflow,
     ResumeWorkflow,
+    RetryDeliveries,
+    CancelDeliveries,
+    CancelRuns,
 }
 
 impl Method {
@@ -135,6 +157,9 @@ impl Method {
         Method::CancelRun,
         Method::PauseWorkflow,
         Method::ResumeWorkflow,
+        Method::RetryDeliveries,
+        Method::CancelDeliveries,
+        Method::CancelRuns,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -154,6 +179,9 @@ impl Method {
             Method::CancelRun => "cancelrun",
             Method::PauseWorkflow => "pauseworkflow",
             Method::ResumeWorkflow => "resumeworkflow",
+            Method::RetryDeliveries => "retrydeliveries",
+            Method::CancelDeliveries => "canceldeliveries",
+            Method::CancelRuns => "cancelruns",
         }
     }
 
@@ -174,6 +202,9 @@ impl Method {
                 | Method::CancelRun
                 | Method::PauseWorkflow
                 | Method::ResumeWorkflow
+                | Method::RetryDeliveries
+                | Method::CancelDeliveries
+                | Method::CancelRuns
         )
     }
 }
@@ -216,6 +247,12 @@ pub enum Call {
     CancelRun(String),
     PauseWorkflow(String),
     ResumeWorkflow(String),
+    /// Each delivery, as `retrydelivery` would (distinct ids, in order).
+    RetryDeliveries(Vec<String>),
+    /// Each delivery, as `canceldelivery` would.
+    CancelDeliveries(Vec<String>),
+    /// Each run, as `cancelrun` would.
+    CancelRuns(Vec<String>),
 }
 
 impl Call {
@@ -242,6 +279,9 @@ impl Call {
             Method::CancelRun => Call::CancelRun(id(p, "run id")?),
             Method::PauseWorkflow => Call::PauseWorkflow(id(p, "workflow id")?),
             Method::ResumeWorkflow => Call::ResumeWorkflow(id(p, "workflow id")?),
+            Method::RetryDeliveries => Call::RetryDeliveries(ids(p, "delivery ids")?),
+            Method::CancelDeliveries => Call::CancelDeliveries(ids(p, "delivery ids")?),
+            Method::CancelRuns => Call::CancelRuns(ids(p, "run ids")?),
         })
     }
 
@@ -266,6 +306,9 @@ impl Call {
             Call::CancelRun(_) => Method::CancelRun,
             Call::PauseWorkflow(_) => Method::PauseWorkflow,
             Call::ResumeWorkflow(_) => Method::ResumeWorkflow,
+            Call::RetryDeliveries(_) => Method::RetryDeliveries,
+            Call::CancelDeliveries(_) => Method::CancelDeliveries,
+            Call::CancelRuns(_) => Method::CancelRuns,
         }
     }
 }
@@ -314,6 +357,29 @@ fn id(p: &[Value], what: &str) -> Result<String, String> {
         return Err(format!("invalid: {what} must match [a-z0-9_-]{{1,64}}"));
     }
     Ok(s.to_string())
+}
+
+/// `[[<id>, ...]]`: 1 to [`MAX_BULK_IDS`] ids this relay makes, repeats
+/// dropped.
+fn ids(p: &[Value], what: &str) -> Result<Vec<String>, String> {
+    let list = p
+        .first()
+        .and_then(Value::as_array)
+        .ok_or_else(|| format!("invalid: params[0] must be the list of {what}"))?;
+    if list.is_empty() || list.len() > MAX_BULK_IDS {
+        return Err(format!("invalid: {what}: 1 to {MAX_BULK_IDS} of them"));
+    }
+    let mut out: Vec<String> = Vec::with_capacity(list.len());
+    for v in list {
+        let s = v
+            .as_str()
+            .filter(|s| crate::workflow::valid_id(s))
+            .ok_or_else(|| format!("invalid: each of the {what} must match [a-z0-9_-]{{1,64}}"))?;
+        if !out.iter().any(|o| o == s) {
+            out.push(s.to_string());
+        }
+    }
+    Ok(out)
 }
 
 /// `[]` or `[{status?, workflow?, older_than_secs?, limit?}]`.
@@ -388,6 +454,15 @@ mod tests {
                 ..Default::default()
             })
         );
+        assert_eq!(
+            Call::parse(&req("retrydeliveries", json!([["a", "b", "a"]]))).unwrap(),
+            Call::RetryDeliveries(vec!["a".into(), "b".into()])
+        );
+        assert!(Call::parse(&req("canceldeliveries", json!([[]]))).is_err());
+        assert!(Call::parse(&req("cancelruns", json!([["../x"]]))).is_err());
+        assert!(Call::parse(&req("cancelruns", json!(["a"]))).is_err());
+        let too_many: Vec<String> = (0..=MAX_BULK_IDS).map(|i| format!("r{i}")).collect();
+        assert!(Call::parse(&req("cancelruns", json!([too_many]))).is_err());
         assert!(Call::parse(&req("dropdatabase", json!([])))
             .unwrap_err()
             .contains("unknown method"));
@@ -404,6 +479,7 @@ mod tests {
                 | Method::CancelRun
                 | Method::PauseWorkflow
                 | Method::ResumeWorkflow => json!(["abc"]),
+                Method::RetryDeliveries | Method::CancelDeliveries | Method::CancelRuns => json!([["abc"]]),
                 _ => json!([]),
             };
             assert_eq!(Call::parse(&req(m.as_str(), params)).unwrap().method(), *m);

@@ -109,21 +109,70 @@ async fn apply(state: &AppState, auth: &Authed, actor: Actor<'_>, call: Call) ->
         Call::RetryDelivery(d) => on_delivery(state, auth, actor, &d, true).await,
         Call::CancelDelivery(d) => on_delivery(state, auth, actor, &d, false).await,
         Call::CancelRun(run) => {
-            let notice = state
-                .store
-                .cancel_run(id, keys, actor, &run)
-                .await
-                .map_err(failed)?;
-            announce(state, id, notice);
-            let changed = nip86::RunChanged {
-                id: run,
-                status: protocol::api::RunStatus::Cancelled,
-            };
+            let changed = cancel_run(state, auth, actor, run).await?;
+            state.kick.kick();
             Ok(json!(changed))
         }
         Call::PauseWorkflow(w) => pause(state, auth, actor, w, true).await,
         Call::ResumeWorkflow(w) => pause(state, auth, actor, w, false).await,
+        Call::RetryDeliveries(ids) => {
+            admin_or_owner(state, id, actor).await?;
+            bulk(state, ids, |d| act_on_delivery(state, auth, actor, d, true)).await
+        }
+        Call::CancelDeliveries(ids) => {
+            admin_or_owner(state, id, actor).await?;
+            bulk(state, ids, |d| act_on_delivery(state, auth, actor, d, false)).await
+        }
+        Call::CancelRuns(ids) => {
+            admin_or_owner(state, id, actor).await?;
+            bulk(state, ids, |r| cancel_run(state, auth, actor, r)).await
+        }
     }
+}
+
+/// A bulk call (by an admin or a workflow owner: anyone else is refused
+/// before any id): each id acted on as its single call would be, one
+/// transaction and one notice each, in order; an id refused is reported
+/// with its error and the rest go on. The engine is woken once, after.
+async fn bulk<T, F, Fut>(state: &AppState, ids: Vec<String>, act: F) -> Answered
+where
+    T: serde::Serialize,
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = Result<T, (StatusCode, String)>>,
+{
+    debug_assert!(ids.len() <= nip86::MAX_BULK_IDS);
+    let mut answer = nip86::BulkChanged {
+        changed: Vec::with_capacity(ids.len()),
+        refused: Vec::new(),
+    };
+    for id in ids {
+        match act(id.clone()).await {
+            Ok(changed) => answer.changed.push(changed),
+            Err((_, error)) => answer.refused.push(nip86::BulkRefused { id, error }),
+        }
+    }
+    state.kick.kick();
+    Ok(json!(answer))
+}
+
+/// `cancelrun` on one run: the run and its open deliveries, and the notice.
+async fn cancel_run(
+    state: &AppState,
+    auth: &Authed,
+    actor: Actor<'_>,
+    run: String,
+) -> Result<nip86::RunChanged, (StatusCode, String)> {
+    let community = &auth.tenant.community;
+    let notice = state
+        .store
+        .cancel_run(&community.id, &community.keys, actor, &run)
+        .await
+        .map_err(failed)?;
+    announce(state, &community.id, notice);
+    Ok(nip86::RunChanged {
+        id: run,
+        status: protocol::api::RunStatus::Cancelled,
+    })
 }
 
 /// Publishes a committed notice to this process's subscribers (which also
@@ -233,6 +282,20 @@ async fn list_deliveries(state: &AppState, community: &str, actor: Actor<'_>, q:
 }
 
 async fn on_delivery(state: &AppState, auth: &Authed, actor: Actor<'_>, id: &str, retry: bool) -> Answered {
+    let changed = act_on_delivery(state, auth, actor, id.to_string(), retry).await?;
+    // A run reopened or woken by a cancelled row is looked at now.
+    state.kick.kick();
+    Ok(json!(changed))
+}
+
+/// `retrydelivery` or `canceldelivery` on one row, with its notice.
+async fn act_on_delivery(
+    state: &AppState,
+    auth: &Authed,
+    actor: Actor<'_>,
+    id: String,
+    retry: bool,
+) -> Result<nip86::DeliveryChanged, (StatusCode, String)> {
     let community = &auth.tenant.community;
     let acted = state
         .store
@@ -240,7 +303,7 @@ async fn on_delivery(state: &AppState, auth: &Authed, actor: Actor<'_>, id: &str
             &community.id,
             &community.keys,
             actor,
-            id,
+            &id,
             retry,
             &state.cfg.deliveries,
         )
@@ -250,13 +313,10 @@ async fn on_delivery(state: &AppState, auth: &Authed, actor: Actor<'_>, id: &str
     if retry {
         crate::engine::wake_delivery(state, &community.id, &community.keys, &acted.delivery).await;
     }
-    // A run reopened or woken by a cancelled row is looked at now.
-    state.kick.kick();
-    let changed = nip86::DeliveryChanged {
-        id: id.to_string(),
+    Ok(nip86::DeliveryChanged {
+        id,
         status: acted.status,
-    };
-    Ok(json!(changed))
+    })
 }
 
 async fn pause(

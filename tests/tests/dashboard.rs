@@ -363,10 +363,167 @@ async fn a_run_reads_as_a_timeline() {
         .await;
     audit(&b, "a workflow").await;
     b.screenshot("workflow").await;
+    // The channel: the conversation, each workflow message with the state
+    // of the delivery it carried, the agent's reply with what it answered.
+    b.show("#/channels").await;
+    b.click("tr[data-channel=ops] a").await;
+    b.wait_text("#chat", "summarize the outage").await;
+    let asked = shown["steps"][0]["output"]["event_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let reply = shown["steps"][0]["output"]["replies"][0]["event_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    b.wait_for(&format!(
+        "#chat li[data-event='{asked}'] .carried [data-status=delivered]"
+    ))
+    .await;
+    b.wait_text(
+        &format!("#chat li[data-event='{reply}'] .answers"),
+        "answers delivery",
+    )
+    .await;
+    audit(&b, "a channel").await;
+    b.screenshot("channel").await;
     for page in ["#/workflows", "#/deliveries", "#/agents", "#/channels"] {
         b.show(page).await;
         audit(&b, page).await;
     }
     assert_eq!(b.page_errors().await, Vec::<String>::new());
     b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_actions_change_what_the_page_shows() {
+    if !tests::browser::available() {
+        eprintln!("skipped: no chromium/chromedriver here (CI installs them)");
+        return;
+    }
+    let relay = Relay::start_opts(
+        &Backend::Sqlite,
+        RelayOptions {
+            config_toml: FAST.to_string(),
+            ..Default::default()
+        },
+    );
+    let mut fx = Fixture::new(&relay, "ops", 1).await;
+    fx.define("flaky", &ask(&fx, 0, "restart the runner")).await;
+    fx.define(
+        "gate",
+        &json!({"name": "gate", "trigger": {"on": "manual"}, "steps": [
+            {"id": "ok", "action": "request_approval", "text": "ship?"}]}),
+    )
+    .await;
+    // Three deliveries failed by their agent (the test plays it).
+    let mut failed = Vec::new();
+    for _ in 0..3 {
+        let run = start_run(&relay, &fx.owner, "flaky", json!({})).await;
+        let d = claim_when_due(&relay, &fx.agents[0], json!({})).await;
+        let id = d["id"].as_str().unwrap().to_string();
+        let body = json!({"claim_token": d["claim_token"], "outcome": "failed", "failure_code": "offline"});
+        assert_eq!(finish(&relay, &fx.agents[0], &id, &body).await.0, 200);
+        run_until(&relay, &fx.owner, &run, 20, |r| r["status"] == "failed").await;
+        failed.push(id);
+    }
+    let gated = [
+        start_run(&relay, &fx.owner, "gate", json!({})).await,
+        start_run(&relay, &fx.owner, "gate", json!({})).await,
+    ];
+    for run in &gated {
+        run_until(&relay, &fx.owner, run, 20, |r| r["status"] == "waiting").await;
+    }
+    let count = |status: &'static str| {
+        let (relay, owner) = (&relay, &fx.owner);
+        async move {
+            let (_, v) = rpc(relay, owner, "listdeliveries", json!([{"status": status}])).await;
+            v["result"].as_array().map_or(0, Vec::len)
+        }
+    };
+
+    let mut b = Browser::start().await;
+    b.sign_in_as(&format!("{}/ui", relay.http_url()), &fx.owner).await;
+    b.wait_for("#who[data-role=owner]").await;
+    // Retry every failed delivery the filter shows: a count, a confirmation.
+    b.show("#/deliveries?status=failed").await;
+    b.wait_text("#bulk-retry", "(3)").await;
+    b.screenshot("deliveries-bulk").await;
+    b.click("#bulk-retry").await;
+    b.wait_text("#confirm-text", "Retry the 3 failed").await;
+    b.click("#confirm-yes").await;
+    b.wait_text("#flash", "Done: 3 of 3 changed").await;
+    assert_eq!((count("failed").await, count("pending").await), (0, 3));
+    // Then cancel them all.
+    b.show("#/deliveries?status=pending").await;
+    b.wait_text("#bulk-cancel", "(3)").await;
+    b.click("#bulk-cancel").await;
+    b.click("#confirm-yes").await;
+    b.wait_text("#flash", "Done: 3 of 3 changed").await;
+    assert_eq!((count("pending").await, count("cancelled").await), (0, 3));
+    // Cancel a workflow's open runs.
+    b.show("#/workflow/gate").await;
+    b.wait_text("#bulk-cancel-runs", "(2)").await;
+    b.click("#bulk-cancel-runs").await;
+    b.click("#confirm-yes").await;
+    b.wait_text("#flash", "Done: 2 of 2 changed").await;
+    for run in &gated {
+        let r = run_until(&relay, &fx.owner, run, 20, tests::workflow::ended).await;
+        assert_eq!(r["status"], "cancelled", "{r}");
+    }
+    assert_eq!(b.page_errors().await, Vec::<String>::new());
+    b.close().await;
+
+    // The methods themselves: an id that cannot change is refused with its
+    // single call's error, the rest change; a stranger changes nothing.
+    let (_, v) = rpc(
+        &relay,
+        &fx.owner,
+        "retrydeliveries",
+        json!([[failed[0], "nosuchdelivery", failed[1]]]),
+    )
+    .await;
+    let changed: Vec<&str> = v["result"]["changed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(changed, [failed[0].as_str(), failed[1].as_str()], "{v}");
+    assert_eq!(v["result"]["refused"][0]["id"], "nosuchdelivery", "{v}");
+    let (status, v) = rpc(
+        &relay,
+        &Keys::generate(),
+        "canceldeliveries",
+        json!([[failed[0]]]),
+    )
+    .await;
+    assert_eq!(status, 403, "{v}");
+    assert_eq!(count("pending").await, 2);
+
+    // relayctl: a filter shows what it selects, and changes it with --yes.
+    let relayctl = |args: &[&str]| {
+        let out = std::process::Command::new(tests::workspace_bin("relayctl"))
+            .args(args)
+            .env("RELAYCTL_KEY", fx.owner.secret_key().to_secret_hex())
+            .env("RELAYCTL_URL", relay.http_url())
+            .output()
+            .expect("run relayctl");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (out.status.success(), text + &String::from_utf8_lossy(&out.stderr))
+    };
+    let (ok, out) = relayctl(&["deliveries", "cancel", "--status", "pending"]);
+    assert!(
+        ok && out.contains("2 deliveries selected; nothing cancelled"),
+        "{out}"
+    );
+    assert_eq!(count("pending").await, 2);
+    let (ok, out) = relayctl(&["deliveries", "cancel", "--status", "pending", "--yes"]);
+    assert!(ok && out.contains("2 of 2 cancelled"), "{out}");
+    assert_eq!(count("pending").await, 0);
+    let (ok, out) = relayctl(&["deliveries", "retry", &failed[0], &failed[2]]);
+    assert!(ok && out.contains("2 of 2 retried"), "{out}");
+    let (ok, out) = relayctl(&["deliveries", "retry", &failed[0], &failed[1]]);
+    assert!(!ok && out.contains(&format!("refused {}", failed[0])), "{out}");
+    assert_eq!(count("pending").await, 3);
 }

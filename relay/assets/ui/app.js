@@ -101,7 +101,7 @@
   // on hover.
   function person(hex) {
     const n = npub(hex);
-    const name = S.profiles.has(hex) ? S.profiles.get(hex).name : null;
+    const name = (S.profiles.has(hex) ? S.profiles.get(hex).name : null) || (hex === S.relayPubkey ? "this relay" : null);
     return el("span", { class: "person", title: `${name ? name + "\n" : ""}${n}\n${hex}`, "data-pubkey": hex },
       name || el("span", { class: "mono" }, n.slice(0, 14) + "…" + n.slice(-4)));
   }
@@ -255,6 +255,27 @@
   const retryButton = (d) => action("Retry", "retry-" + d.id, `Retry delivery ${d.id}? It becomes pending with a fresh budget.`,
     () => rpc("retrydelivery", [d.id]));
   const cancelButton = (d) => action("Cancel", "cancel-" + d.id, `Cancel delivery ${d.id}?`, () => rpc("canceldelivery", [d.id]), "danger");
+  // One action on many rows: the ids the page shows, sent 100 at a time
+  // (the relay's bound per call); each is changed as its single action
+  // would, and the outcome counts what changed and what was refused.
+  const BULK_IDS = 100;
+  function bulkButton(label, id, question, method, ids, cls) {
+    if (!ids.length) return "";
+    return el("button", { type: "button", id, class: cls || "secondary", onclick: async () => {
+      if (!(await confirmAction(question))) return;
+      let changed = 0;
+      const refused = [];
+      try {
+        for (let i = 0; i < ids.length; i += BULK_IDS) {
+          const r = await rpc(method, [ids.slice(i, i + BULK_IDS)]);
+          changed += r.changed.length;
+          refused.push(...r.refused);
+        }
+        flash(`Done: ${changed} of ${ids.length} changed` + (refused.length ? `; ${refused.length} refused (${refused[0].id}: ${refused[0].error})` : ""), refused.length > 0);
+      } catch (e) { flash(e.message, true); }
+      render();
+    } }, `${label} (${ids.length})`);
+  }
   function deliveryActions(d) {
     if (["failed", "expired", "cancelled"].includes(d.status)) return retryButton(d);
     if (["pending", "claimed"].includes(d.status)) return cancelButton(d);
@@ -318,6 +339,7 @@
     const w = await call("GET", "/workflows/" + encodeURIComponent(id));
     await loadProfiles([w.owner]);
     const runs = await call("GET", `/workflows/${encodeURIComponent(id)}/runs?limit=20`);
+    const openRuns = runs.runs.filter((r) => ["running", "waiting"].includes(r.status)).map((r) => r.id);
     const toggle = w.paused
       ? action("Resume", "resume", `Resume workflow ${id}? Its runs go on and its trigger fires again.`, () => rpc("resumeworkflow", [id]))
       : action("Pause", "pause", `Pause workflow ${id}? It starts no run; open work waits.`, () => rpc("pauseworkflow", [id]));
@@ -328,7 +350,9 @@
       el("h2", {}, "How its runs end"), runStats(w.stats),
       el("h2", {}, "Steps"), flow(w.definition),
       el("h2", {}, "Runs"),
-      table(["Run", "Status", "Step", "Cause", "Created", "Error"], runs.runs.map((r) => ({ cells: [
+      el("div", { class: "row" }, bulkButton("Cancel open runs shown", "bulk-cancel-runs",
+        `Cancel the ${openRuns.length} running or waiting runs shown, and their open deliveries?`, "cancelruns", openRuns, "danger")),
+      table(["Run", "Status", "Step", "Cause", "Created", "Error"], runs.runs.map((r) => ({ attrs: { "data-run": r.id }, cells: [
         link("#/run/" + r.id, r.id), badge(r.status), stepAt(r), r.cause.type, when(r.created_at),
         r.error ? r.error.code : "-"] }))),
       el("details", {}, el("summary", {}, "Definition as published"), pre(w.definition)));
@@ -550,9 +574,18 @@
       for (const k of ["workflow", "target", "older"]) { const v = $("f-" + k).value.trim(); if (v) p.set(k, v); }
       location.hash = "#/deliveries?" + p.toString();
     } }, "Filter");
+    const retriable = rows.filter((d) => ["failed", "expired", "cancelled"].includes(d.status)).map((d) => d.id);
+    const open = rows.filter((d) => ["pending", "claimed"].includes(d.status)).map((d) => d.id);
     return heading("Deliveries",
       el("div", { class: "row" }, el("label", {}, "Status", status), input("workflow", "Workflow", params.get("workflow")),
          input("target", "Agent (hex)", params.get("target")), input("older", "Older than (min)", params.get("older")), apply),
+      el("div", { class: "row", id: "bulk" },
+        bulkButton("Retry all shown", "bulk-retry",
+          `Retry the ${retriable.length} failed, expired or cancelled deliveries shown? Each becomes pending with a fresh budget, and its relay notice names you.`,
+          "retrydeliveries", retriable),
+        bulkButton("Cancel all shown", "bulk-cancel",
+          `Cancel the ${open.length} pending or claimed deliveries shown? Their agents' next calls are refused.`,
+          "canceldeliveries", open, "danger")),
       deliveriesTable(rows));
   }
 
@@ -585,7 +618,39 @@
   async function channels() {
     const list = await call("GET", "/channels");
     return heading("Channels", table(["Channel", "Name", "Access", "Members", "Workflows"],
-      list.map((c) => ({ cells: [c.id, c.name, (c.private ? "private" : "public") + ", " + (c.closed ? "closed" : "open"), c.members, c.workflows] }))));
+      list.map((c) => ({ attrs: { "data-channel": c.id }, cells: [link("#/channel/" + encodeURIComponent(c.id), c.id), c.name, (c.private ? "private" : "public") + ", " + (c.closed ? "closed" : "open"), c.members, c.workflows] }))));
+  }
+
+  // A channel's conversation (its latest kind 9 messages, read over the
+  // page's WebSocket with the signed-in key's access), each workflow
+  // message with the state of the deliveries it carries to agents, and
+  // each agent reply with the delivery it answered.
+  const CHANNEL_MESSAGES = 100;
+  async function channel(id) {
+    const events = (await query({ kinds: [9], "#h": [id], limit: CHANNEL_MESSAGES }))
+      .sort((a, b) => a.created_at - b.created_at || (a.id < b.id ? -1 : 1));
+    const rows = (await rpc("listdeliveries", [{ limit: 500 }])).filter((d) => d.channel === id);
+    const carried = new Map(), answered = new Map();
+    for (const d of rows) {
+      if (!carried.has(d.message_event_id)) carried.set(d.message_event_id, []);
+      carried.get(d.message_event_id).push(d);
+      if (d.reply_event_id) answered.set(d.reply_event_id, d);
+    }
+    await loadProfiles(events.map((e) => e.pubkey).concat(rows.map((d) => d.target_pubkey)));
+    const deliveryLink = (d) => link("#/delivery/" + d.id, short(d.id));
+    return heading("Channel " + id,
+      el("p", { class: "muted" }, `The latest ${CHANNEL_MESSAGES} messages you may read here, oldest first; a workflow's message shows each delivery it carries.`),
+      events.length ? el("ol", { class: "chat", id: "chat" }, events.map((e) => {
+        const out = carried.get(e.id) || [];
+        const reply = answered.get(e.id);
+        return el("li", { "data-event": e.id, class: e.pubkey === S.relayPubkey ? "from-relay" : "" },
+          el("div", { class: "who" }, person(e.pubkey), " ", when(e.created_at)),
+          el("div", { class: "text" }, e.content),
+          out.length ? el("ul", { class: "carried" }, out.map((d) => el("li", { "data-delivery": d.id },
+            "to ", person(d.target_pubkey), " ", badge(d.status), " ", deliveryLink(d),
+            d.failure_code ? el("span", { class: "error" }, " " + d.failure_code) : ""))) : "",
+          reply ? el("div", { class: "muted answers" }, "answers delivery ", deliveryLink(reply), " (", reply.workflow_id, " / ", reply.step_id, ")") : "");
+      })) : el("p", { class: "muted" }, "No message you may read."));
   }
 
   async function bans() {
@@ -614,6 +679,7 @@
       case "delivery": return { nav: "#/deliveries", view: () => delivery(parts[1]) };
       case "agents": return { nav: "#/agents", view: agents };
       case "channels": return { nav: "#/channels", view: channels };
+      case "channel": return { nav: "#/channels", view: () => channel(parts[1]) };
       case "bans": return { nav: "#/bans", view: bans };
       default: return { nav: "", view: async () => heading("Not found") };
     }
