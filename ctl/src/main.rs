@@ -493,6 +493,7 @@ async fn workflow(relay: &Relay, keys: &Keys, out: Out, command: WorkflowCommand
                 ("trigger", s.trigger.clone()),
                 ("state", workflow_state(s).to_string()),
                 ("runs", s.runs.to_string()),
+                ("last_runs", show::run_stats(&w.stats)),
                 ("updated_at", when(Some(s.updated_at), show::now())),
                 ("definition_event_id", w.definition_event_id.clone()),
             ]);
@@ -591,6 +592,7 @@ async fn runs(relay: &Relay, out: Out, command: RunsCommand) -> anyhow::Result<(
                 &["STEP", "ACTION", "STATUS", "STARTED", "FINISHED", "ERROR"],
                 &rows,
             );
+            show::step_details(&run.steps);
         }
         RunsCommand::Cancel { ids } if ids.len() == 1 => {
             relay.rpc::<RunChanged>("cancelrun", json!([ids[0]])).await?;

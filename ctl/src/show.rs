@@ -67,6 +67,65 @@ pub fn now() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
+/// Below a run's steps: why each skipped step was skipped (its condition
+/// and what it read) and what each webhook call sent and got.
+pub fn step_details(steps: &[protocol::api::StepView]) {
+    for s in steps {
+        if let Some(k) = &s.skipped {
+            let read: Vec<String> = k
+                .inputs
+                .iter()
+                .map(|i| {
+                    let v = i
+                        .value
+                        .as_ref()
+                        .map_or_else(|| "absent".to_string(), |v| v.to_string());
+                    format!("{} = {v}", i.path)
+                })
+                .collect();
+            println!(
+                "skipped {}: `{}` was false; it read {}",
+                s.id,
+                k.condition,
+                read.join(", ")
+            );
+        }
+        if let Some(c) = &s.call {
+            let answer = match (c.status, &c.error) {
+                (Some(status), _) => {
+                    let took = c.answered_at.map(|a| format!(" in {} s", (a - c.sent_at).max(0)));
+                    let size = c.answer_bytes.unwrap_or(0);
+                    format!("HTTP {status}, {size} B{}", took.unwrap_or_default())
+                }
+                (None, Some(e)) => format!("{}: {}", e.code, e.message),
+                (None, None) => "no answer yet".to_string(),
+            };
+            println!(
+                "call {}: {} {} ({} B, attempt {}): {answer}",
+                s.id, c.method, c.url, c.request_bytes, c.attempt
+            );
+        }
+    }
+}
+
+/// A workflow's latest ended runs in one line.
+pub fn run_stats(st: &protocol::dashboard::RunStats) -> String {
+    if st.ended == 0 {
+        return "none ended yet".into();
+    }
+    let pct = st.success_rate.unwrap_or(0.0) * 100.0;
+    let secs = |s: Option<i64>| s.map_or_else(|| "-".to_string(), |s| format!("{s} s"));
+    format!(
+        "{pct:.0}% of the last {} completed ({} failed, {} cancelled); completed in p50 {}, p95 {}, max {}",
+        st.ended,
+        st.failed,
+        st.cancelled,
+        secs(st.p50_secs),
+        secs(st.p95_secs),
+        secs(st.max_secs)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

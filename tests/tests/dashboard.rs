@@ -236,6 +236,18 @@ async fn the_dashboard_for_an_owner_an_admin_and_a_stranger() {
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
 
+/// `relayctl` signed with `keys` against `relay`: (success, stdout then stderr).
+fn relayctl(relay: &Relay, keys: &Keys, args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(tests::workspace_bin("relayctl"))
+        .args(args)
+        .env("RELAYCTL_KEY", keys.secret_key().to_secret_hex())
+        .env("RELAYCTL_URL", relay.http_url())
+        .output()
+        .expect("run relayctl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    (out.status.success(), text + &String::from_utf8_lossy(&out.stderr))
+}
+
 /// No serious or critical accessibility violation on the page as drawn.
 async fn audit(b: &Browser, page: &str) {
     let found = b.accessibility().await;
@@ -304,6 +316,23 @@ async fn a_run_reads_as_a_timeline() {
     let bad = start_run(&relay, &fx.owner, "broken", json!({})).await;
     let run = run_until(&relay, &fx.owner, &bad, 20, tests::workflow::ended).await;
     assert_eq!(run["error"]["code"], "http_503", "{run}");
+    // relayctl says the same.
+    let (ok_, out) = relayctl(&relay, &fx.owner, &["runs", "show", &ok]);
+    assert!(ok_, "{out}");
+    assert!(
+        out.contains(
+            "skipped page: `steps.file.output.status != 200 && trigger.text != ''` was false; \
+             it read steps.file.output.status = 200, trigger.text = absent"
+        ),
+        "{out}"
+    );
+    assert!(out.contains(&format!("call file: POST {base}/ticket (")), "{out}");
+    assert!(out.contains("HTTP 200, 27 B"), "{out}");
+    let (_, out) = relayctl(&relay, &fx.owner, &["workflow", "show", "broken"]);
+    assert!(
+        out.contains("0% of the last 1 completed (1 failed, 0 cancelled)"),
+        "{out}"
+    );
 
     let mut b = Browser::start().await;
     b.sign_in_as(&format!("{}/ui", relay.http_url()), &fx.owner).await;
@@ -502,16 +531,7 @@ async fn bulk_actions_change_what_the_page_shows() {
     assert_eq!(count("pending").await, 2);
 
     // relayctl: a filter shows what it selects, and changes it with --yes.
-    let relayctl = |args: &[&str]| {
-        let out = std::process::Command::new(tests::workspace_bin("relayctl"))
-            .args(args)
-            .env("RELAYCTL_KEY", fx.owner.secret_key().to_secret_hex())
-            .env("RELAYCTL_URL", relay.http_url())
-            .output()
-            .expect("run relayctl");
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        (out.status.success(), text + &String::from_utf8_lossy(&out.stderr))
-    };
+    let relayctl = |args: &[&str]| relayctl(&relay, &fx.owner, args);
     let (ok, out) = relayctl(&["deliveries", "cancel", "--status", "pending"]);
     assert!(
         ok && out.contains("2 deliveries selected; nothing cancelled"),
