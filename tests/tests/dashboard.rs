@@ -174,10 +174,36 @@ async fn the_dashboard_for_an_owner_an_admin_and_a_stranger() {
     // published now, the owner has none.
     let mut c = tests::Client::connect(&relay.ws_url()).await;
     c.auth(&fx.agents[0]).await;
-    c.publish_ok(&event(&fx.agents[0], 0, r#"{"name":"Build Bot"}"#, &[]))
-        .await;
+    const PNG: &str = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
+    let bot = format!(r#"{{"name":"Build Bot","picture":"{PNG}"}}"#);
+    c.publish_ok(&event(&fx.agents[0], 0, &bot, &[])).await;
+    let mut c1 = tests::Client::connect(&relay.ws_url()).await;
+    c1.auth(&fx.agents[1]).await;
+    let runner = r#"{"name":"runner","picture":"https://pictures.example/runner.png"}"#;
+    c1.publish_ok(&event(&fx.agents[1], 0, runner, &[])).await;
     b.show("#/agents").await;
     b.wait_text("main table", "Build Bot").await;
+    // A picture carried in the profile is shown; one elsewhere is not
+    // fetched: the name's initial instead.
+    let (a0, a1) = (
+        fx.agents[0].public_key().to_hex(),
+        fx.agents[1].public_key().to_hex(),
+    );
+    let img = b
+        .wait_for(&format!("tr[data-agent='{a0}'] td:first-child img.avatar"))
+        .await;
+    assert_eq!(img.attr("src").await.unwrap().as_deref(), Some(PNG));
+    b.wait_text(&format!("tr[data-agent='{a1}'] td:first-child .avatar"), "R")
+        .await;
+    let external = b
+        .client
+        .execute(
+            "return document.querySelectorAll('img:not([src^=\"data:\"])').length;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(external, json!(0));
     let npub = fx.owner.public_key().to_bech32().unwrap();
     b.wait_text("main table", &npub[..14]).await;
     b.screenshot("agents").await;
@@ -200,15 +226,7 @@ async fn the_dashboard_for_an_owner_an_admin_and_a_stranger() {
     // Readable at a phone's width: nothing wider than the screen.
     b.client.set_window_size(390, 844).await.unwrap();
     b.show("#/").await;
-    let fits = b
-        .client
-        .execute(
-            "return document.documentElement.scrollWidth <= window.innerWidth + 1;",
-            vec![],
-        )
-        .await
-        .unwrap();
-    assert_eq!(fits, json!(true), "the overview overflows a phone's width");
+    assert_fits_the_screen(&b, "the overview").await;
     b.screenshot("overview-phone").await;
     audit(&b, "the overview at a phone's width").await;
     b.close().await;
@@ -246,6 +264,19 @@ fn relayctl(relay: &Relay, keys: &Keys, args: &[&str]) -> (bool, String) {
         .expect("run relayctl");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     (out.status.success(), text + &String::from_utf8_lossy(&out.stderr))
+}
+
+/// Nothing on the page is wider than the window (at a phone's width).
+async fn assert_fits_the_screen(b: &Browser, page: &str) {
+    let fits = b
+        .client
+        .execute(
+            "return document.documentElement.scrollWidth <= window.innerWidth + 1;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(fits, json!(true), "{page} overflows a phone's width");
 }
 
 /// No serious or critical accessibility violation on the page as drawn.
@@ -420,6 +451,21 @@ async fn a_run_reads_as_a_timeline() {
         b.show(page).await;
         audit(&b, page).await;
     }
+    // At a phone's width nothing is wider than the screen (wide tables and
+    // bodies scroll inside their own boxes).
+    b.client.set_window_size(390, 844).await.unwrap();
+    for page in [
+        format!("#/run/{ok}"),
+        format!("#/run/{bad}"),
+        "#/workflow/ticket".to_string(),
+        "#/channel/ops".to_string(),
+        "#/deliveries".to_string(),
+    ] {
+        b.show(&page).await;
+        assert_fits_the_screen(&b, &page).await;
+    }
+    b.show(&format!("#/run/{ok}")).await;
+    b.screenshot("run-phone").await;
     assert_eq!(b.page_errors().await, Vec::<String>::new());
     b.close().await;
 }

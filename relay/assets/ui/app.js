@@ -11,6 +11,7 @@
   const PROFILE_TTL_MS = 60000;   // a name (or its absence) is read again after this
   const MAX_PROFILES = 100;       // pubkeys asked for in one kind 0 query
   const MAX_QUERY_EVENTS = 200;   // a query over the live socket keeps at most this many
+  const MAX_PICTURE_CHARS = 65536; // a profile picture shown only as a data: URL up to this size
   const $ = (id) => document.getElementById(id);
 
   // ---- DOM helpers -------------------------------------------------------
@@ -89,21 +90,34 @@
     const events = await query({ kinds: [0], authors: want });
     for (const p of want) {
       const newest = events.filter((e) => e.pubkey === p).sort((a, b) => b.created_at - a.created_at)[0];
-      let name = null;
+      let name = null, picture = null;
       try {
         const c = newest ? JSON.parse(newest.content) : {};
         name = String(c.display_name || c.name || "").trim().slice(0, 64) || null;
+        // Only a picture carried in the profile itself: the page fetches
+        // nothing from elsewhere (its CSP allows data: images only).
+        const pic = String(c.picture || "");
+        if (/^data:image\/(png|jpeg|gif|webp);base64,[A-Za-z0-9+/=]+$/.test(pic) && pic.length <= MAX_PICTURE_CHARS) picture = pic;
       } catch { /* a profile that is not JSON has no name */ }
-      S.profiles.set(p, { name, at: now });
+      S.profiles.set(p, { name, picture, at: now });
     }
   }
   // A person: their kind 0 name, else their npub shortened; both in full
   // on hover.
   function person(hex) {
     const n = npub(hex);
-    const name = (S.profiles.has(hex) ? S.profiles.get(hex).name : null) || (hex === S.relayPubkey ? "this relay" : null);
+    const known = S.profiles.get(hex) || {};
+    const name = known.name || (hex === S.relayPubkey ? "this relay" : null);
     return el("span", { class: "person", title: `${name ? name + "\n" : ""}${n}\n${hex}`, "data-pubkey": hex },
-      name || el("span", { class: "mono" }, n.slice(0, 14) + "…" + n.slice(-4)));
+      avatar(hex, name, known.picture), name || el("span", { class: "mono" }, n.slice(0, 14) + "…" + n.slice(-4)));
+  }
+  // The profile's picture when it carries one, else the name's first
+  // letter on a colour of the pubkey's own (the same key, the same colour).
+  function avatar(hex, name, picture) {
+    if (picture) return el("img", { class: "avatar", src: picture, alt: "" });
+    const a = el("span", { class: "avatar", "aria-hidden": "true" }, (name || "?").trim().charAt(0).toUpperCase() || "?");
+    a.style.backgroundColor = `hsl(${parseInt((hex || "0").slice(0, 6), 16) % 360 || 0}, 45%, 32%)`;
+    return a;
   }
 
   // ---- signing and calls -------------------------------------------------
