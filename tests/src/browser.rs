@@ -22,7 +22,10 @@ const WAIT: Duration = Duration::from_secs(20);
 
 /// The injected signer: `getPublicKey` answers the key given as
 /// `arguments[0]`; `signEvent` waits until the test has signed. It also
-/// records every error the page shows (`#error`) in `__pageErrors`.
+/// records in `__pageErrors` every error the page shows (`#error`) and
+/// every one its console would: uncaught exceptions, unhandled
+/// rejections, resources that failed to load, Content-Security-Policy
+/// violations and `console.error` calls.
 const SIGNER_JS: &str = r#"
 const pubkey = arguments[0];
 window.__signQueue = [];
@@ -32,6 +35,13 @@ new MutationObserver(() => {
   const e = document.getElementById("error");
   if (e && e.textContent) window.__pageErrors.push(e.textContent);
 }).observe(document.body, { childList: true, subtree: true });
+window.addEventListener("error", (e) => window.__pageErrors.push(
+  "console: " + (e.message || ("failed to load " + ((e.target && (e.target.src || e.target.href)) || e.type)))), true);
+window.addEventListener("unhandledrejection", (e) => window.__pageErrors.push("console: unhandled rejection: " + String(e.reason)));
+document.addEventListener("securitypolicyviolation", (e) => window.__pageErrors.push(
+  "console: CSP refused " + e.blockedURI + " (" + e.violatedDirective + ")"));
+const consoleError = console.error;
+console.error = (...args) => { window.__pageErrors.push("console: " + args.join(" ")); consoleError.apply(console, args); };
 window.nostr = {
   getPublicKey: async () => pubkey,
   signEvent: (ev) => new Promise((resolve) => {
@@ -138,6 +148,14 @@ impl Browser {
             .await
             .expect("read the page's errors");
         serde_json::from_value(v).unwrap_or_default()
+    }
+
+    /// Forgets the errors recorded so far.
+    pub async fn clear_page_errors(&self) {
+        self.client
+            .execute("window.__pageErrors = [];", vec![])
+            .await
+            .expect("clear the page's errors");
     }
 
     /// Runs axe-core (from npm, `tests/js`) on the page as it is now, with

@@ -368,6 +368,36 @@ async fn a_run_reads_as_a_timeline() {
     let mut b = Browser::start().await;
     b.sign_in_as(&format!("{}/ui", relay.http_url()), &fx.owner).await;
     b.wait_for("#who[data-role=owner]").await;
+    // The recorder behind every `page_errors` check sees what a console
+    // would: an uncaught exception (one thrown by a script the test
+    // injects reaches the page as "Script error.": the browser hides the
+    // text of what it did not load itself), console.error, a CSP refusal.
+    b.client
+        .execute(
+            "setTimeout(() => { throw new Error('probe one'); });\
+             console.error('probe two');\
+             const s = document.createElement('script');\
+             s.src = 'https://elsewhere.example/x.js';\
+             document.body.append(s);",
+            vec![],
+        )
+        .await
+        .unwrap();
+    for _ in 0..100 {
+        if b.page_errors().await.len() >= 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let probes = b.page_errors().await.join("\n");
+    for needle in [
+        "Script error",
+        "probe two",
+        "CSP refused https://elsewhere.example",
+    ] {
+        assert!(probes.contains(needle), "{needle} not recorded: {probes}");
+    }
+    b.clear_page_errors().await;
     audit(&b, "the overview").await;
     b.show(&format!("#/run/{ok}")).await;
     // The agent's answer as a message, under its npub.
