@@ -5,7 +5,7 @@
 
 use nostr::prelude::{Event, Keys, PublicKey};
 use protocol::api::{CauseKind, RunError, RunStatus, StepStatus};
-use protocol::condition::{Condition, StepShape};
+use protocol::condition::{Condition, ConditionError, StepShape};
 use protocol::template::{self};
 use protocol::workflow::{Action, Cause, Definition, OnFailure, Step, StepKind};
 use serde::{Deserialize, Serialize};
@@ -315,14 +315,23 @@ fn output_json<O: Serialize>(output: &O) -> Value {
 /// Whether the step's condition holds (true without one). Checked at
 /// publish; an error here is the evaluator's (`condition_error`).
 pub(crate) fn condition_holds(c: &StepCtx<'_>) -> Result<bool, Failure> {
-    let Some(src) = c.step().condition() else {
+    let Some((_, compiled)) = compiled_condition(c.def, c.index) else {
         return Ok(true);
     };
-    let earlier: Vec<StepShape<'_>> = c.def.steps[..c.index].iter().map(Step::shape).collect();
-    let cond =
-        Condition::compile(src, &earlier).map_err(|e| Failure::new("condition_error", e.to_string()))?;
+    let cond = compiled.map_err(|e| Failure::new("condition_error", e.to_string()))?;
     cond.eval(&c.run.context())
         .map_err(|e| Failure::new("condition_error", e))
+}
+
+/// Step `index`'s condition (its source) compiled against the steps
+/// before it, the only ones it may read; `None` when it has none.
+pub(crate) fn compiled_condition(
+    def: &Definition,
+    index: usize,
+) -> Option<(&str, Result<Condition, ConditionError>)> {
+    let src = def.steps.get(index)?.condition()?;
+    let earlier: Vec<StepShape<'_>> = def.steps[..index].iter().map(Step::shape).collect();
+    Some((src, Condition::compile(src, &earlier)))
 }
 
 /// The run's trace with `entry` added, as stored.

@@ -2,7 +2,6 @@
 //! is, cancel and reopen by management, and the run listings and views.
 
 use protocol::api::{CauseKind, CauseView, RunError, RunStatus, RunView, SkipView, StepStatus, StepView};
-use protocol::condition::{Condition, StepShape};
 use protocol::workflow::{Action, Definition, Step};
 use serde_json::Value;
 
@@ -337,15 +336,14 @@ pub(crate) fn step_views(def: Option<&Definition>, trace: &[TraceEntry], at: &Cu
 /// outputs of earlier steps, which do not change once they ended, and
 /// the trigger), so that the page says why without evaluating anything.
 fn explain_skips(steps: &mut [StepView], def: &Definition, ctx: &Value) {
-    for (i, step) in def.steps.iter().enumerate() {
+    for i in 0..def.steps.len() {
         let Some(view) = steps.get_mut(i).filter(|v| v.status == StepStatus::Skipped) else {
             continue;
         };
-        let Some(src) = step.condition() else { continue };
-        let earlier: Vec<StepShape<'_>> = def.steps[..i].iter().map(Step::shape).collect();
-        let inputs = Condition::compile(src, &earlier)
-            .map(|c| c.inputs(ctx))
-            .unwrap_or_default();
+        let Some((src, compiled)) = super::step::compiled_condition(def, i) else {
+            continue;
+        };
+        let inputs = compiled.map(|c| c.inputs(ctx)).unwrap_or_default();
         view.skipped = Some(SkipView {
             condition: src.to_string(),
             inputs,
