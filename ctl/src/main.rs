@@ -153,6 +153,9 @@ enum RunsCommand {
         #[arg(required = true)]
         ids: Vec<String>,
     },
+    /// Rerun failed or cancelled runs from the step each ended at: ids, or
+    /// `--workflow` with a filter (shown first; rerun with `--yes`).
+    Rerun(bulk::RunSelection),
 }
 
 #[derive(Subcommand)]
@@ -563,6 +566,8 @@ async fn runs(relay: &Relay, out: Out, command: RunsCommand) -> anyhow::Result<(
                 ("id", run.id.clone()),
                 ("workflow_id", run.workflow_id.clone()),
                 ("status", run.status.as_str().to_string()),
+                ("cause", format!("{} {}", run.cause.kind.as_str(), run.cause.id)),
+                ("rerun_by", or_dash(run.rerun_by.as_deref())),
                 ("created_at", when(Some(run.created_at), now)),
                 ("updated_at", when(Some(run.updated_at), now)),
                 ("wake_at", when(run.wake_at, now)),
@@ -580,7 +585,10 @@ async fn runs(relay: &Relay, out: Out, command: RunsCommand) -> anyhow::Result<(
                     vec![
                         s.id.clone(),
                         s.action.clone(),
-                        s.status.as_str().to_string(),
+                        match &s.kept_from {
+                            Some(run) => format!("{} (kept from {run})", s.status.as_str()),
+                            None => s.status.as_str().to_string(),
+                        },
                         when(s.started_at, now),
                         when(s.finished_at, now),
                         or_dash(s.error.as_ref().map(|e| e.code.as_str())),
@@ -599,6 +607,7 @@ async fn runs(relay: &Relay, out: Out, command: RunsCommand) -> anyhow::Result<(
             out.done(&format!("run {} cancelled", ids[0]));
         }
         RunsCommand::Cancel { ids } => bulk::runs(relay, out, ids).await?,
+        RunsCommand::Rerun(sel) => bulk::reruns(relay, out, sel).await?,
     }
     Ok(())
 }

@@ -75,6 +75,9 @@ pub enum CauseKind {
     Webhook,
     Schedule,
     Manual,
+    /// A rerun of an ended run from the step it ended at (`rerunrun`;
+    /// the cause id is the origin run's id, so a rerun is made once).
+    Rerun,
 }
 
 /// The wire names, as SQL stores them too.
@@ -138,6 +141,7 @@ names!(CauseKind {
     Webhook => "webhook",
     Schedule => "schedule",
     Manual => "manual",
+    Rerun => "rerun",
 });
 
 impl DeliveryStatus {
@@ -407,6 +411,9 @@ pub struct StepView {
     /// request and answer (`GET /runs/<id>` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call: Option<CallView>,
+    /// A step a rerun did not run again: the run whose result it keeps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept_from: Option<String>,
 }
 
 /// Where a webhook call's attempt is.
@@ -501,13 +508,20 @@ pub struct RunView {
     /// Only when one run is shown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub channel: Option<String>,
+    /// Only when one run is shown: the run that reruns this one, if any
+    /// (a run is rerun at most once; rerun the rerun to go again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rerun_by: Option<String>,
 }
 
 /// `GET /workflows/<id>/runs`
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunsPage {
     pub runs: Vec<RunView>,
+    /// The next page: `?before=<next_before>&before_id=<next_before_id>`.
     pub next_before: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_before_id: Option<String>,
 }
 
 /// `GET /me`

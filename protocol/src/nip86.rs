@@ -23,7 +23,7 @@ pub const MAX_DESCRIPTION_BYTES: usize = 4096;
 /// Most rows `listdeliveries` answers.
 pub const MAX_LIST_DELIVERIES: u32 = 500;
 /// Most ids one bulk call (`retrydeliveries`, `canceldeliveries`,
-/// `cancelruns`) acts on.
+/// `cancelruns`, `rerunruns`) acts on.
 pub const MAX_BULK_IDS: usize = 100;
 
 /// A request body.
@@ -110,6 +110,37 @@ pub struct RunChanged {
     pub status: RunStatus,
 }
 
+/// Which definition revision a rerun runs: the one its origin ran with
+/// (the default), or the workflow's latest, whose steps up to the rerun's
+/// first must be the origin's (same ids, same order).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RerunDefinition {
+    #[default]
+    Kept,
+    Latest,
+}
+
+/// `rerunrun` / `rerunruns` options (`{"definition": "kept"|"latest"}`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RerunOptions {
+    #[serde(default)]
+    pub definition: RerunDefinition,
+}
+
+/// The answer of `rerunrun`: the new run, the step it starts at, and
+/// whether this call made it (`false`: the origin was rerun before, and
+/// `rerun` is that run; nothing new was made).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunRerun {
+    /// The origin run.
+    pub id: String,
+    pub rerun: String,
+    pub from_step: String,
+    pub created: bool,
+}
+
 /// The answer of `pauseworkflow` and `resumeworkflow`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorkflowChanged {
@@ -138,6 +169,8 @@ pub enum Method {
     RetryDeliveries,
     CancelDeliveries,
     CancelRuns,
+    RerunRun,
+    RerunRuns,
 }
 
 impl Method {
@@ -160,6 +193,8 @@ impl Method {
         Method::RetryDeliveries,
         Method::CancelDeliveries,
         Method::CancelRuns,
+        Method::RerunRun,
+        Method::RerunRuns,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -182,6 +217,8 @@ impl Method {
             Method::RetryDeliveries => "retrydeliveries",
             Method::CancelDeliveries => "canceldeliveries",
             Method::CancelRuns => "cancelruns",
+            Method::RerunRun => "rerunrun",
+            Method::RerunRuns => "rerunruns",
         }
     }
 
@@ -205,6 +242,8 @@ impl Method {
                 | Method::RetryDeliveries
                 | Method::CancelDeliveries
                 | Method::CancelRuns
+                | Method::RerunRun
+                | Method::RerunRuns
         )
     }
 }
@@ -253,6 +292,10 @@ pub enum Call {
     CancelDeliveries(Vec<String>),
     /// Each run, as `cancelrun` would.
     CancelRuns(Vec<String>),
+    /// Rerun a failed or cancelled run from the step it ended at.
+    RerunRun(String, RerunOptions),
+    /// Each run, as `rerunrun` would.
+    RerunRuns(Vec<String>, RerunOptions),
 }
 
 impl Call {
@@ -282,6 +325,8 @@ impl Call {
             Method::RetryDeliveries => Call::RetryDeliveries(ids(p, "delivery ids")?),
             Method::CancelDeliveries => Call::CancelDeliveries(ids(p, "delivery ids")?),
             Method::CancelRuns => Call::CancelRuns(ids(p, "run ids")?),
+            Method::RerunRun => Call::RerunRun(id(p, "run id")?, rerun_options(p)?),
+            Method::RerunRuns => Call::RerunRuns(ids(p, "run ids")?, rerun_options(p)?),
         })
     }
 
@@ -309,6 +354,8 @@ impl Call {
             Call::RetryDeliveries(_) => Method::RetryDeliveries,
             Call::CancelDeliveries(_) => Method::CancelDeliveries,
             Call::CancelRuns(_) => Method::CancelRuns,
+            Call::RerunRun(..) => Method::RerunRun,
+            Call::RerunRuns(..) => Method::RerunRuns,
         }
     }
 }
@@ -380,6 +427,14 @@ fn ids(p: &[Value], what: &str) -> Result<Vec<String>, String> {
         }
     }
     Ok(out)
+}
+
+/// `params[1]`: absent, `null`, or `{"definition": "kept"|"latest"}`.
+fn rerun_options(p: &[Value]) -> Result<RerunOptions, String> {
+    match p.get(1) {
+        None | Some(Value::Null) => Ok(RerunOptions::default()),
+        Some(v) => serde_json::from_value(v.clone()).map_err(|e| format!("invalid: params[1]: {e}")),
+    }
 }
 
 /// `[]` or `[{status?, workflow?, older_than_secs?, limit?}]`.
@@ -463,6 +518,21 @@ mod tests {
         assert!(Call::parse(&req("cancelruns", json!(["a"]))).is_err());
         let too_many: Vec<String> = (0..=MAX_BULK_IDS).map(|i| format!("r{i}")).collect();
         assert!(Call::parse(&req("cancelruns", json!([too_many]))).is_err());
+        assert_eq!(
+            Call::parse(&req("rerunrun", json!(["r1"]))).unwrap(),
+            Call::RerunRun("r1".into(), RerunOptions::default())
+        );
+        assert_eq!(
+            Call::parse(&req("rerunruns", json!([["r1"], {"definition": "latest"}]))).unwrap(),
+            Call::RerunRuns(
+                vec!["r1".into()],
+                RerunOptions {
+                    definition: RerunDefinition::Latest
+                }
+            )
+        );
+        assert!(Call::parse(&req("rerunrun", json!(["r1", {"definition": "newest"}]))).is_err());
+        assert!(Call::parse(&req("rerunrun", json!(["r1", {"from": "s"}]))).is_err());
         assert!(Call::parse(&req("dropdatabase", json!([])))
             .unwrap_err()
             .contains("unknown method"));
@@ -477,9 +547,15 @@ mod tests {
                 Method::RetryDelivery
                 | Method::CancelDelivery
                 | Method::CancelRun
+                | Method::RerunRun
                 | Method::PauseWorkflow
                 | Method::ResumeWorkflow => json!(["abc"]),
-                Method::RetryDeliveries | Method::CancelDeliveries | Method::CancelRuns => json!([["abc"]]),
+                Method::RetryDeliveries
+                | Method::CancelDeliveries
+                | Method::CancelRuns
+                | Method::RerunRuns => {
+                    json!([["abc"]])
+                }
                 _ => json!([]),
             };
             assert_eq!(Call::parse(&req(m.as_str(), params)).unwrap().method(), *m);

@@ -331,6 +331,8 @@ async fn manual_run(State(state): State<Arc<AppState>>, Path(id): Path<String>, 
 #[derive(Deserialize)]
 struct RunsQuery {
     before: Option<i64>,
+    /// With `before`: the last run id of the previous page.
+    before_id: Option<String>,
     limit: Option<u32>,
 }
 
@@ -344,18 +346,33 @@ async fn list_runs(
         return r;
     }
     let limit = q.limit.unwrap_or(50).clamp(1, state.cfg.deliveries.max_page);
+    if q.before_id
+        .as_deref()
+        .is_some_and(|id| !protocol::workflow::valid_id(id))
+    {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "malformed",
+            "before_id must match [a-z0-9_-]{1,64}",
+        );
+    }
     let community = &auth.tenant.community.id;
+    let before = q.before.map(|created_at| crate::workflow::views::Before {
+        created_at,
+        id: q.before_id.as_deref(),
+    });
     let r = state
         .store
-        .list_runs(community, Some(&id), unless_admin(&state, &auth), q.before, limit)
+        .list_runs(community, Some(&id), unless_admin(&state, &auth), before, limit)
         .await;
     answer(r, |page| {
-        let next = (page.runs.len() == limit as usize || page.cut)
-            .then(|| page.runs.last().map(|r| r.created_at))
+        let last = (page.runs.len() == limit as usize || page.cut)
+            .then(|| page.runs.last())
             .flatten();
         RunsPage {
+            next_before: last.map(|r| r.created_at),
+            next_before_id: last.map(|r| r.id.clone()),
             runs: page.runs,
-            next_before: next,
         }
     })
 }

@@ -267,7 +267,10 @@ pub fn status_of(r: &Refusal) -> StatusCode {
         | R::NotRetryable(_)
         | R::AlreadyEnded(_)
         | R::RunEnded(_)
-        | R::ListFull(_) => StatusCode::CONFLICT,
+        | R::ListFull(_)
+        | R::NotRerunnable(_)
+        | R::DefinitionChanged(_) => StatusCode::CONFLICT,
+        R::DefinitionMissing => StatusCode::GONE,
         R::BadLease { .. } | R::BadName | R::BadReply(_) => StatusCode::BAD_REQUEST,
         R::TooManyOperations => StatusCode::TOO_MANY_REQUESTS,
         R::Replayed(_) => StatusCode::UNAUTHORIZED,

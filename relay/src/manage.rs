@@ -127,6 +127,15 @@ async fn apply(state: &AppState, auth: &Authed, actor: Actor<'_>, call: Call) ->
             admin_or_owner(state, id, actor).await?;
             bulk(state, ids, |r| cancel_run(state, auth, actor, r)).await
         }
+        Call::RerunRun(run, o) => {
+            let rerun = rerun_run(state, auth, actor, run, o.definition).await?;
+            state.kick.kick();
+            Ok(json!(rerun))
+        }
+        Call::RerunRuns(ids, o) => {
+            admin_or_owner(state, id, actor).await?;
+            bulk(state, ids, |r| rerun_run(state, auth, actor, r, o.definition)).await
+        }
     }
 }
 
@@ -173,6 +182,26 @@ async fn cancel_run(
         id: run,
         status: protocol::api::RunStatus::Cancelled,
     })
+}
+
+/// `rerunrun` on one run: the rerun, and its notice when it is new.
+async fn rerun_run(
+    state: &AppState,
+    auth: &Authed,
+    actor: Actor<'_>,
+    run: String,
+    which: nip86::RerunDefinition,
+) -> Result<nip86::RunRerun, (StatusCode, String)> {
+    let community = &auth.tenant.community;
+    let (answer, notice) = state
+        .store
+        .rerun_run(&community.id, &community.keys, actor, &run, which)
+        .await
+        .map_err(failed)?;
+    if let Some(notice) = notice {
+        announce(state, &community.id, notice);
+    }
+    Ok(answer)
 }
 
 /// Publishes a committed notice to this process's subscribers (which also

@@ -59,6 +59,12 @@ pub enum Refusal {
     RunEnded(protocol::api::RunStatus),
     #[error("the list holds its maximum of {0} entries")]
     ListFull(usize),
+    #[error("the run is {0}; only a failed or cancelled run is rerun")]
+    NotRerunnable(protocol::api::RunStatus),
+    #[error("{0}")]
+    DefinitionChanged(String),
+    #[error("the definition revision the run ran with is no longer stored")]
+    DefinitionMissing,
 }
 
 impl Refusal {
@@ -89,6 +95,9 @@ impl Refusal {
             Refusal::OwnerNotMember => "owner_not_member",
             Refusal::WorkflowDisabled => "workflow_disabled",
             Refusal::WrongTrigger(_) => "wrong_trigger",
+            Refusal::NotRerunnable(_) => "not_rerunnable",
+            Refusal::DefinitionChanged(_) => "definition_changed",
+            Refusal::DefinitionMissing => "definition_missing",
         }
     }
 }

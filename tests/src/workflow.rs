@@ -256,6 +256,26 @@ pub async fn relay_messages(relay: &Relay, fx: &Fixture) -> Vec<Event> {
     .events()
 }
 
+/// A management answer's `result`, which must be there (200, no `error`).
+pub fn ok(answer: (u16, Value)) -> Value {
+    let (status, body) = answer;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.get("error").is_none(), "{body}");
+    body["result"].clone()
+}
+
+/// A management answer's `error`, which must be there with this HTTP
+/// status and start with `prefix` (its code).
+pub fn refused(answer: (u16, Value), status: u16, prefix: &str) {
+    let (got, body) = answer;
+    assert_eq!(got, status, "{body}");
+    let error = body["error"].as_str().unwrap_or_default();
+    assert!(
+        error.starts_with(prefix),
+        "{error:?} should start with {prefix:?}: {body}"
+    );
+}
+
 /// A management call (NIP-86): `POST /` with the RPC content type and a
 /// NIP-98 header for `u` (`http://<host>/`, or the WebSocket form).
 pub async fn rpc_as(relay: &Relay, keys: &Keys, u: &str, method: &str, params: Value) -> (u16, Value) {

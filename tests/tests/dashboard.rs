@@ -453,6 +453,22 @@ async fn a_run_reads_as_a_timeline() {
         .await;
     audit(&b, "a workflow").await;
     b.screenshot("workflow").await;
+    // The failed run rerun from its step once the server is fixed: the
+    // page opens the rerun, which completes; the origin links to it.
+    hook.answer("/down", Answer::json(200, json!({"ticket": 1})));
+    b.show(&format!("#/run/{bad}")).await;
+    b.wait_text("#rerun-run", "Rerun from file").await;
+    b.click("#rerun-run").await;
+    b.wait_text("#confirm-text", "from step file").await;
+    b.click("#confirm-yes").await;
+    b.wait_text("main dl", "rerun of").await;
+    b.wait_text("#run-status", "completed").await;
+    let (_, origin) = tests::workflow::get_run(&relay, &fx.owner, &bad).await;
+    let rerun = origin["rerun_by"].as_str().expect("rerun_by").to_string();
+    b.wait_text("main h1", &rerun).await;
+    audit(&b, "a rerun").await;
+    b.show(&format!("#/run/{bad}")).await;
+    b.wait_text("#rerun-by", &rerun).await;
     // The channel: the conversation, each workflow message with the state
     // of the delivery it carried, the agent's reply with what it answered.
     b.show("#/channels").await;

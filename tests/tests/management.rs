@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use nostr::prelude::{Event, Keys};
 use serde_json::{json, Value};
-use tests::workflow::{api, claim_when_due, finish, rpc, rpc_as, run_until, start_run, Fixture};
+use tests::workflow::{api, claim_when_due, finish, ok, refused, rpc, rpc_as, run_until, start_run, Fixture};
 use tests::{backend_tests, event, Backend, Client, Relay, RelayOptions};
 
 backend_tests!(
@@ -31,24 +31,6 @@ fn with_admin(admin: &Keys) -> RelayOptions {
         config_toml: format!("{FAST}[communities.default]\nadmins = [\"{}\"]\n", hex(admin)),
         ..Default::default()
     }
-}
-
-/// The answer's `error`, which must be there with this HTTP status.
-fn refused(answer: (u16, Value), status: u16, prefix: &str) {
-    let (got, body) = answer;
-    assert_eq!(got, status, "{body}");
-    let error = body["error"].as_str().unwrap_or_default();
-    assert!(
-        error.starts_with(prefix),
-        "{error:?} should start with {prefix:?}: {body}"
-    );
-}
-
-fn ok(answer: (u16, Value)) -> Value {
-    let (status, body) = answer;
-    assert_eq!(status, 200, "{body}");
-    assert!(body.get("error").is_none(), "{body}");
-    body["result"].clone()
 }
 
 /// The relay's management notices (NIP-32 labels) in the community.
@@ -76,7 +58,7 @@ async fn nip86_lists_and_names_by_admin_owner_and_stranger(backend: Backend) {
 
     // supportedmethods: all for the admin, the owner's share for an owner.
     let all = ok(rpc(&relay, &admin, "supportedmethods", json!([])).await);
-    assert_eq!(all.as_array().unwrap().len(), 18, "{all}");
+    assert_eq!(all.as_array().unwrap().len(), 20, "{all}");
     let owners = ok(rpc(&relay, &owner, "supportedmethods", json!([])).await);
     let owners: Vec<&str> = owners
         .as_array()
@@ -85,7 +67,7 @@ async fn nip86_lists_and_names_by_admin_owner_and_stranger(backend: Backend) {
         .map(|m| m.as_str().unwrap())
         .collect();
     assert!(
-        owners.contains(&"retrydelivery") && !owners.contains(&"banpubkey"),
+        owners.contains(&"retrydelivery") && owners.contains(&"rerunrun") && !owners.contains(&"banpubkey"),
         "{owners:?}"
     );
     refused(

@@ -1,13 +1,18 @@
-//! Upgrading an SQLite store written before migration 0005 (tag index keyed
-//! by event id, events without a `seq`): the data a relay wrote is taken
-//! back to that layout, the new relay migrates it at start, and every tag
-//! query, deletion and foreign key still holds.
+//! Upgrading a store written by an earlier schema: the data a relay wrote
+//! is taken back to that layout, the new relay migrates it at start, and
+//! what was there still holds. SQLite before migration 0005 (tag index
+//! keyed by event id, events without a `seq`): every tag query, deletion
+//! and foreign key; both backends before runs could be rerun (the
+//! `workflow_runs` CHECK widened): every run row as it was.
 
 use std::process::Command;
 
 use nostr::prelude::Keys;
 use serde_json::json;
-use tests::{event, Backend, Client, Relay};
+use tests::workflow::{get_run, rpc, run_until, start_run, Fixture};
+use tests::{backend_tests, event, Backend, Client, Relay, RelayOptions};
+
+backend_tests!(runs_written_before_reruns_survive_the_migration);
 
 /// The layout of migrations 0001–0004 for `events` and `event_tags`, filled
 /// from the current tables. Old rowids are made unlike the current `seq`
@@ -149,4 +154,90 @@ async fn sqlite_store_before_0005_upgrades_in_place() {
     expected.push(fresh.id.to_hex());
     expected.sort();
     assert_eq!(ids_of(&mut c, "t3", json!({"#t": ["upgrade"]})).await, expected);
+}
+
+/// `workflow_runs` as before reruns: the migration run backwards (the
+/// CHECK without `rerun`), and its record gone.
+fn back_before_reruns(backend: &Backend) -> String {
+    match backend {
+        // A legacy rename leaves the other tables' triggers unparsed: the
+        // FTS5 options of the search index's are newer than Python's SQLite.
+        Backend::Sqlite => {
+            "PRAGMA legacy_alter_table = ON;\n".to_string()
+                + &include_str!("../../migrations/sqlite/0017_run_rerun.sql").replace(", 'rerun')", ")")
+                + "DELETE FROM _sqlx_migrations WHERE version = 17;"
+        }
+        Backend::Postgres(_) => {
+            include_str!("../../migrations/postgres/0016_run_rerun.sql").replace(", 'rerun')", ")")
+                + "DELETE FROM _sqlx_migrations WHERE version = 16;"
+        }
+    }
+}
+
+const RUN_ROWS: &str = "SELECT id, workflow_id, status, current_step, cause_type, cause_id, trace, \
+    trigger_context, error, error_code, error_step, created_at, updated_at FROM workflow_runs ORDER BY id";
+
+async fn runs_written_before_reruns_survive_the_migration(backend: Backend) {
+    let fast = "[workflows]\nrun_poll_interval_ms = 200\n[webhooks]\ncall_grace_secs = 1\n";
+    let options = RelayOptions {
+        config_toml: fast.into(),
+        ..Default::default()
+    };
+    let mut relay = Relay::start_opts(&backend, options);
+    let mut fx = Fixture::new(&relay, "ops", 0).await;
+    let steps = json!([
+        {"id": "hello", "action": "send_message", "text": "hello {{trigger.body.n}}"},
+        // Loopback is refused without an allow-list: the step fails.
+        {"id": "call", "action": "call_webhook", "url": "http://127.0.0.1:9/x"}
+    ]);
+    fx.define(
+        "w",
+        &json!({"name": "w", "trigger": {"on": "manual"}, "steps": steps}),
+    )
+    .await;
+    let mut runs = Vec::new();
+    for n in 0..3 {
+        let run = start_run(&relay, &fx.owner, "w", json!({"n": n})).await;
+        let r = run_until(&relay, &fx.owner, &run, 20, tests::workflow::ended).await;
+        assert_eq!(r["status"], "failed", "{r}");
+        runs.push(run);
+    }
+    let before = relay.store.sql(RUN_ROWS);
+    relay.terminate();
+    match &backend {
+        Backend::Sqlite => {
+            let path = relay
+                .store
+                .database_url
+                .trim_start_matches("sqlite://")
+                .to_string();
+            sqlite_script(&path, &back_before_reruns(&backend));
+        }
+        Backend::Postgres(_) => {
+            relay.store.sql(&back_before_reruns(&backend));
+        }
+    }
+    let version = if matches!(backend, Backend::Sqlite) {
+        17
+    } else {
+        16
+    };
+    let ran = format!("SELECT count(*) FROM _sqlx_migrations WHERE version = {version} AND success");
+    assert_eq!(relay.store.sql(&ran), "0", "the store is back before reruns");
+
+    relay.restart();
+    assert_eq!(relay.store.sql(&ran), "1", "the migration ran at start");
+    assert_eq!(relay.store.sql(RUN_ROWS), before, "every run row as it was");
+    if matches!(backend, Backend::Sqlite) {
+        assert_eq!(relay.store.sql("PRAGMA integrity_check"), "ok");
+    }
+    // The migrated table takes a rerun.
+    let (status, v) = rpc(&relay, &fx.owner, "rerunrun", json!([runs[0]])).await;
+    assert_eq!(status, 200, "{v}");
+    let rerun = v["result"]["rerun"].as_str().unwrap().to_string();
+    let r = run_until(&relay, &fx.owner, &rerun, 20, tests::workflow::ended).await;
+    assert_eq!(r["cause"]["type"], "rerun", "{r}");
+    assert_eq!(r["steps"][0]["kept_from"], json!(runs[0]), "{r}");
+    let (_, origin) = get_run(&relay, &fx.owner, &runs[0]).await;
+    assert_eq!(origin["rerun_by"], json!(rerun));
 }

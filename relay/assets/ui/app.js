@@ -354,6 +354,7 @@
     await loadProfiles([w.owner]);
     const runs = await call("GET", `/workflows/${encodeURIComponent(id)}/runs?limit=20`);
     const openRuns = runs.runs.filter((r) => ["running", "waiting"].includes(r.status)).map((r) => r.id);
+    const failedRuns = runs.runs.filter((r) => r.status === "failed").map((r) => r.id);
     const toggle = w.paused
       ? action("Resume", "resume", `Resume workflow ${id}? Its runs go on and its trigger fires again.`, () => rpc("resumeworkflow", [id]))
       : action("Pause", "pause", `Pause workflow ${id}? It starts no run; open work waits.`, () => rpc("pauseworkflow", [id]));
@@ -365,7 +366,9 @@
       el("h2", {}, "Steps"), flow(w.definition),
       el("h2", {}, "Runs"),
       el("div", { class: "row" }, bulkButton("Cancel open runs shown", "bulk-cancel-runs",
-        `Cancel the ${openRuns.length} running or waiting runs shown, and their open deliveries?`, "cancelruns", openRuns, "danger")),
+        `Cancel the ${openRuns.length} running or waiting runs shown, and their open deliveries?`, "cancelruns", openRuns, "danger"),
+        bulkButton("Rerun failed runs shown", "bulk-rerun-runs",
+          `Rerun the ${failedRuns.length} failed runs shown, each from the step it failed at? A run rerun before is not rerun again.`, "rerunruns", failedRuns)),
       table(["Run", "Status", "Step", "Cause", "Created", "Error"], runs.runs.map((r) => ({ attrs: { "data-run": r.id }, cells: [
         link("#/run/" + r.id, r.id), badge(r.status), stepAt(r), r.cause.type, when(r.created_at),
         r.error ? r.error.code : "-"] }))),
@@ -449,15 +452,23 @@
       r.steps.flatMap((s) => (s.output && Array.isArray(s.output.replies) ? s.output.replies.map((a) => a.agent) : []))));
     const cancel = ["running", "waiting"].includes(r.status)
       ? action("Cancel run", "cancel-run", `Cancel run ${id} and its open deliveries?`, () => rpc("cancelrun", [id]), "danger") : "";
+    const from = r.steps[r.current_step];
+    const rerun = ["failed", "cancelled"].includes(r.status) && !r.rerun_by && from
+      ? action(`Rerun from ${from.id}`, "rerun-run", `Rerun run ${id} from step ${from.id}? The steps before keep their results; ${from.id} and the rest run again.`,
+        async () => { const a = await rpc("rerunrun", [id]); location.hash = "#/run/" + encodeURIComponent(a.rerun); }) : "";
+    const runLink = (rid) => link("#/run/" + encodeURIComponent(rid), rid);
     return heading("Run " + id,
       fields([["Workflow", link("#/workflow/" + encodeURIComponent(r.workflow_id), r.workflow_id)], ["Status", el("span", { id: "run-status" }, badge(r.status))],
-              ["Cause", r.cause.type], ["Created", when(r.created_at)], ["Updated", when(r.updated_at)],
-              ["Error", r.error ? `${r.error.code}: ${r.error.message}` : "-"]]),
-      el("div", { class: "row" }, cancel),
+              ["Cause", r.cause.type === "rerun" ? el("span", {}, "rerun of ", runLink(r.cause.id)) : r.cause.type],
+              ["Created", when(r.created_at)], ["Updated", when(r.updated_at)],
+              ["Error", r.error ? `${r.error.code}: ${r.error.message}` : "-"],
+              ...(r.rerun_by ? [["Rerun as", el("span", { id: "rerun-by" }, runLink(r.rerun_by))]] : [])]),
+      el("div", { class: "row" }, cancel, rerun),
       el("h2", {}, "Steps"),
       el("ol", { class: "timeline", id: "steps" }, r.steps.map((s) => el("li", { "data-step": s.id, class: "t-" + s.status },
         el("strong", {}, s.id), " ", el("span", { class: "muted" }, s.action), " ", badge(s.status),
-        el("div", { class: "muted" }, "started ", when(s.started_at), " · finished ", when(s.finished_at), took(s)),
+        el("div", { class: "muted" }, "started ", when(s.started_at), " · finished ", when(s.finished_at), took(s),
+          s.kept_from ? el("span", { class: "kept" }, " · kept from run ", runLink(s.kept_from)) : ""),
         stepBody(r, s)))),
       el("h2", {}, "Deliveries"), deliveriesTable(rows),
       el("h2", {}, "Message and replies"),

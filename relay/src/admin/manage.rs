@@ -6,7 +6,7 @@
 
 use nostr::prelude::{Event, Keys, PublicKey, Tag};
 use protocol::api::DeliveryStatus;
-use protocol::nip86::List;
+use protocol::nip86::{List, RerunDefinition, RunRerun};
 
 use crate::admission::Bans;
 use crate::config::DeliveryConfig;
@@ -309,6 +309,45 @@ pub async fn cancel_run(
     let text = format!("Run {run_id} of workflow {workflow_id} cancelled by {by}");
     let tags = action_tags("cancelrun", "run", run_id, &by);
     Ok(notices::post(tx, community, keys, &channel, text, tags, now).await?)
+}
+
+/// `rerunrun`: a failed or cancelled run rerun from the step it ended at
+/// (`workflow::rerun`); the answer, and the notice linking both runs when
+/// this call made the rerun (asked again, it makes and posts nothing).
+pub async fn rerun_run(
+    tx: &mut Tx<'_>,
+    community: &str,
+    keys: &Keys,
+    actor: Actor<'_>,
+    run_id: &str,
+    which: RerunDefinition,
+) -> Answer<(RunRerun, Option<Notice>)> {
+    let (workflow_id, _, _) = crate::workflow::views::place_of(tx, community, run_id)
+        .await?
+        .ok_or(Refusal::UnknownRun)?;
+    if !actor.admin {
+        workflows::owned(tx, community, &workflow_id, actor.pubkey, true).await?;
+    }
+    let r = crate::workflow::rerun::rerun(tx, community, run_id, which).await?;
+    let answer = RunRerun {
+        id: run_id.to_string(),
+        rerun: r.run_id.clone(),
+        from_step: r.from_step.clone(),
+        created: r.created,
+    };
+    if !r.created {
+        return Ok((answer, None));
+    }
+    let by = actor.pubkey.to_hex();
+    let now = tx.now().await?;
+    let text = format!(
+        "Run {} reruns run {run_id} of workflow {workflow_id} from step {}, by {by}",
+        r.run_id, r.from_step
+    );
+    let mut tags = action_tags("rerunrun", "run", run_id, &by);
+    tags.push(Tag::custom("rerun", [r.run_id.as_str()]));
+    let notice = notices::post(tx, community, keys, &r.channel, text, tags, now).await?;
+    Ok((answer, Some(notice)))
 }
 
 /// `pauseworkflow` / `resumeworkflow`; the notice, `None` when the

@@ -153,7 +153,7 @@ impl Store {
         community: &str,
         workflow_id: Option<&str>,
         caller: Option<&PublicKey>,
-        before: Option<i64>,
+        before: Option<views::Before<'_>>,
         limit: u32,
     ) -> Answer<views::RunList> {
         let mut tx = self.pool.read().await?;
@@ -393,6 +393,22 @@ impl Store {
         let notice = manage::cancel_run(&mut tx, community, keys, actor, run_id).await?;
         self.commit_noticed(tx, community, &[&notice]).await?;
         Ok(notice)
+    }
+
+    /// `rerunrun`: the answer, and the notice when the rerun is new.
+    pub async fn rerun_run(
+        &self,
+        community: &str,
+        keys: &Keys,
+        actor: manage::Actor<'_>,
+        run_id: &str,
+        which: protocol::nip86::RerunDefinition,
+    ) -> Answer<(protocol::nip86::RunRerun, Option<manage::Notice>)> {
+        let mut tx = self.pool.begin().await?;
+        let (answer, notice) = manage::rerun_run(&mut tx, community, keys, actor, run_id, which).await?;
+        let all: Vec<&manage::Notice> = notice.iter().collect();
+        self.commit_noticed(tx, community, &all).await?;
+        Ok((answer, notice))
     }
 
     pub async fn set_paused(

@@ -60,15 +60,15 @@ fn sign_message(
         Ok(text) => text,
         Err(e) => return Ok(Err(too_large(format!("at least {}", e.at_least)))),
     };
-    let reply_to =
-        (b.reply_in_thread && b.run.cause.kind == CauseKind::Event).then_some(b.run.cause.id.as_str());
+    let cause = b.run.trigger_cause();
+    let reply_to = (b.reply_in_thread && cause.kind == CauseKind::Event).then_some(cause.id.as_str());
     let tags = workflow::message_tags(&MessageBinding {
         channel: &b.run.channel,
         definition_event_id: b.definition_hex,
         step_id: b.step_id,
         run_id: b.run_id,
         owner: &b.run.owner,
-        cause: &b.run.cause,
+        cause: &cause,
         recipients: &b.recipients,
         reply_to,
     });

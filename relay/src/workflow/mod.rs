@@ -5,8 +5,9 @@
 //! `call_webhook`, declared from `protocol::step_kinds!`), a step's
 //! message and delivery rows (`message`), runs as listed and shown
 //! (`views`), approvals decided by reactions (`approvals`), webhook calls
-//! recorded before they are sent (`outcalls`). Each rule decides inside
-//! the writing transaction.
+//! recorded before they are sent (`outcalls`), reruns of ended runs from
+//! the step they ended at (`rerun`). Each rule decides inside the writing
+//! transaction.
 //!
 //! May use: `delivery`, `events`, `persistence`, `refusal`, `admission`,
 //! `config`.
@@ -15,6 +16,7 @@ pub mod approvals;
 pub mod definitions;
 pub mod message;
 pub mod outcalls;
+pub mod rerun;
 pub mod runs;
 pub mod step;
 pub mod triggers;

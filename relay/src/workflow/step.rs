@@ -108,6 +108,9 @@ pub struct TraceEntry {
     pub output: Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<RunError>,
+    /// An entry a rerun copied from its origin: the run the step ran in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept_from: Option<String>,
 }
 
 fn done() -> StepStatus {
@@ -131,6 +134,16 @@ pub(crate) struct RunRow {
 impl RunRow {
     pub(crate) fn trace_json(&self) -> Value {
         serde_json::to_value(&self.trace).unwrap_or(Value::Array(Vec::new()))
+    }
+
+    /// What triggered the workflow: the run's own cause, or for a rerun
+    /// its origin's (kept in the trigger context), so that a rerun's
+    /// messages carry the tags and thread of the run it reruns.
+    pub(crate) fn trigger_cause(&self) -> Cause {
+        if self.cause.kind != CauseKind::Rerun {
+            return self.cause.clone();
+        }
+        serde_json::from_value(self.trigger_context["cause"].clone()).unwrap_or_else(|_| self.cause.clone())
     }
 
     /// The context templates and conditions see.
@@ -277,6 +290,7 @@ impl StepCtx<'_> {
             finished_at: Some(self.now),
             output,
             error: error.map(|f| f.at(None)),
+            kept_from: None,
         }
     }
 

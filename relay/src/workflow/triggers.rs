@@ -26,6 +26,22 @@ pub async fn create_run(
     cause: &Cause,
     mut trigger_context: Value,
 ) -> Answer<(String, bool)> {
+    let w = startable(tx, community, workflow_id).await?;
+    trigger_context["cause"] = json!(cause);
+    trigger_context["channel"] = json!(w.channel);
+    let run = NewRun {
+        cause,
+        definition_event_id: w.definition_event_id,
+        current_step: 0,
+        trace: "[]".into(),
+        trigger_context,
+    };
+    Ok(insert_run(tx, community, &w, run).await?)
+}
+
+/// The workflow, if a run of it may start now: live, not paused, its
+/// owner a member of its channel.
+pub(crate) async fn startable(tx: &mut Tx<'_>, community: &str, workflow_id: &str) -> Answer<WorkflowRow> {
     let w = load_workflow(tx, community, workflow_id)
         .await?
         .ok_or(Refusal::UnknownWorkflow)?;
@@ -39,8 +55,28 @@ pub async fn create_run(
     if !is_member(tx, community, &w.channel, &w.owner).await? {
         return Err(Refusal::OwnerNotMember.into());
     }
-    trigger_context["cause"] = json!(cause);
-    trigger_context["channel"] = json!(w.channel);
+    Ok(w)
+}
+
+/// A run about to be inserted: a new one starts at step 0 with an empty
+/// trace; a rerun where its origin ended, with the steps before kept.
+pub(crate) struct NewRun<'a> {
+    pub(crate) cause: &'a Cause,
+    pub(crate) definition_event_id: [u8; 32],
+    pub(crate) current_step: i64,
+    /// The trace as stored (JSON text).
+    pub(crate) trace: String,
+    pub(crate) trigger_context: Value,
+}
+
+/// Inserts a running run of `w` unless its cause already made one;
+/// returns the run's id and whether this call made it.
+pub(crate) async fn insert_run(
+    tx: &mut Tx<'_>,
+    community: &str,
+    w: &WorkflowRow,
+    run: NewRun<'_>,
+) -> Result<(String, bool), StoreError> {
     let now = tx.now().await?;
     let id = new_id();
     let inserted = tx
@@ -48,25 +84,40 @@ pub async fn create_run(
             Q::new(
                 "INSERT INTO workflow_runs (community_id, id, workflow_id, definition_event_id, channel, owner, \
                  cause_type, cause_id, status, current_step, trigger_context, trace, created_at, updated_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'running', 0, $9, '[]', $10, $10) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'running', $9, $10, $11, $12, $12) \
                  ON CONFLICT (community_id, workflow_id, cause_type, cause_id) DO NOTHING",
             )
             .bind(community)
             .bind(id.as_str())
-            .bind(workflow_id)
-            .bind(w.definition_event_id)
+            .bind(w.id.as_str())
+            .bind(run.definition_event_id)
             .bind(w.channel.as_str())
             .bind(w.owner)
-            .bind(cause.kind.as_str())
-            .bind(cause.id.as_str())
-            .bind(trigger_context.to_string())
+            .bind(run.cause.kind.as_str())
+            .bind(run.cause.id.as_str())
+            .bind(run.current_step)
+            .bind(run.trigger_context.to_string())
+            .bind(run.trace)
             .bind(now),
         )
         .await?;
     if inserted == 1 {
         return Ok((id, true));
     }
-    let existing = tx
+    let existing = run_of_cause(tx, community, &w.id, run.cause)
+        .await?
+        .ok_or_else(|| StoreError::Corrupt("run vanished".into()))?;
+    Ok((existing, false))
+}
+
+/// The run a cause made of a workflow, if any.
+pub(crate) async fn run_of_cause(
+    tx: &mut Tx<'_>,
+    community: &str,
+    workflow_id: &str,
+    cause: &Cause,
+) -> Result<Option<String>, StoreError> {
+    let row = tx
         .one(
             Q::new(
                 "SELECT id FROM workflow_runs WHERE community_id = $1 AND workflow_id = $2 \
@@ -77,9 +128,8 @@ pub async fn create_run(
             .bind(cause.kind.as_str())
             .bind(cause.id.as_str()),
         )
-        .await?
-        .ok_or_else(|| StoreError::Corrupt("run vanished".into()))?;
-    Ok((existing.text(0)?, false))
+        .await?;
+    row.map(|r| r.text(0)).transpose()
 }
 
 /// A kind 9 stored in a channel: starts every matching `message_posted`

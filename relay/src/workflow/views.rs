@@ -186,12 +186,21 @@ pub struct RunList {
 const VIEW_COLS: &str = "id, workflow_id, status, current_step, cause_type, cause_id, error, error_code, \
     error_step, created_at, updated_at, trace, definition_event_id, step_started_at, wake_at";
 
+/// Where a page of runs begins: before `created_at`, or at it with an id
+/// before `id` (runs are listed by creation time, then id, both
+/// descending, so that runs made in the same second are never skipped).
+#[derive(Debug, Clone, Copy)]
+pub struct Before<'a> {
+    pub created_at: i64,
+    pub id: Option<&'a str>,
+}
+
 /// A page of a workflow's runs, newest first.
 pub async fn list_runs(
     tx: &mut Tx<'_>,
     community: &str,
     workflow_id: Option<&str>,
-    before: Option<i64>,
+    before: Option<Before<'_>>,
     limit: u32,
 ) -> Result<RunList, StoreError> {
     let d = tx.dialect();
@@ -202,8 +211,22 @@ pub async fn list_runs(
     if let Some(w) = workflow_id {
         q = q.and(d, "workflow_id =", w);
     }
-    if let Some(b) = before {
-        q = q.and(d, "created_at <", b);
+    match before {
+        Some(Before { created_at, id: None }) => q = q.and(d, "created_at <", created_at),
+        Some(Before {
+            created_at,
+            id: Some(id),
+        }) => {
+            q = q
+                .push_text(" AND (created_at < ")
+                .arg(d, created_at)
+                .push_text(" OR (created_at = ")
+                .arg(d, created_at)
+                .push_text(" AND id < ")
+                .arg(d, id)
+                .push_text("))");
+        }
+        None => {}
     }
     let q = q
         .push_text(" ORDER BY created_at DESC, id DESC LIMIT ")
@@ -267,6 +290,7 @@ fn run_view(r: &Row, trace: &str, def: Option<&Definition>) -> Result<RunView, S
         definition_event_id: hex::encode(r.blob("definition_event_id")?),
         trigger_context: None,
         channel: None,
+        rerun_by: None,
     })
 }
 
@@ -293,6 +317,7 @@ pub(crate) fn step_views(def: Option<&Definition>, trace: &[TraceEntry], at: &Cu
         approval: None,
         skipped: None,
         call: None,
+        kept_from: e.kept_from.clone(),
     };
     let Some(def) = def else {
         return trace.iter().map(ended).collect();
@@ -327,6 +352,7 @@ pub(crate) fn step_views(def: Option<&Definition>, trace: &[TraceEntry], at: &Cu
                 approval: None,
                 skipped: None,
                 call: None,
+                kept_from: None,
             }
         })
         .collect()
@@ -378,6 +404,7 @@ pub async fn show_run(tx: &mut Tx<'_>, community: &str, run_id: &str) -> Result<
     }
     run.trigger_context = Some(trigger);
     run.channel = Some(r.text("channel")?);
+    run.rerun_by = crate::workflow::rerun::rerun_by(tx, community, &run.workflow_id, run_id).await?;
     let waiting = run
         .steps
         .iter_mut()
@@ -387,7 +414,10 @@ pub async fn show_run(tx: &mut Tx<'_>, community: &str, run_id: &str) -> Result<
     }
     for (view, step) in run.steps.iter_mut().zip(def.iter().flat_map(|d| d.steps.iter())) {
         if let Step::CallWebhook(hook) = step {
-            view.call = crate::workflow::outcalls::view(tx, community, run_id, &view.id, hook.method).await?;
+            // A step a rerun kept was called by the run it ran in.
+            let caller = view.kept_from.clone().unwrap_or_else(|| run_id.to_string());
+            view.call =
+                crate::workflow::outcalls::view(tx, community, &caller, &view.id, hook.method).await?;
         }
     }
     Ok(Some(run))
