@@ -27,6 +27,7 @@ backend_tests!(
     communities_are_isolated,
     acknowledged_events_survive_sigkill,
     graceful_shutdown_closes_sockets,
+    sigterm_answers_every_event_it_read,
     pipelined_events_keep_their_rules,
     tag_rows_follow_their_event,
 );
@@ -1022,6 +1023,63 @@ async fn graceful_shutdown_closes_sockets(backend: Backend) {
         .expect("socket closed on shutdown");
     let f = frame.expect("a close frame was sent");
     assert_eq!(u16::from(f.code), 1001);
+}
+
+/// SIGTERM while a client streams events: the relay reads nothing more,
+/// answers every event it had read, then closes and exits 0. What is
+/// stored afterwards is exactly what was answered `OK true`: nothing
+/// stored without its OK (the client would send it again), nothing
+/// acknowledged and lost.
+async fn sigterm_answers_every_event_it_read(backend: Backend) {
+    let options = RelayOptions {
+        config_toml: "[limits]\nevents_per_second = 100000\nevents_burst = 100000\n".into(),
+        ..Default::default()
+    };
+    let mut relay = Relay::start_opts(&backend, options);
+    let k = Keys::generate();
+    let mut c = Client::connect(&relay.ws_url()).await;
+    let sent: Vec<_> = (0..400)
+        .map(|i| event(&k, 1, &format!("drain {i}"), &[]))
+        .collect();
+    for e in &sent {
+        c.send(json!(["EVENT", e])).await;
+    }
+    let mut answered = std::collections::BTreeSet::new();
+    // The relay is mid-stream once its first answer comes.
+    loop {
+        let v = c.recv().await;
+        if v[0] == "OK" {
+            assert_eq!(v[2], true, "{v}");
+            answered.insert(v[1].as_str().unwrap().to_string());
+            break;
+        }
+    }
+    let status = relay.terminate();
+    assert!(status.success(), "relay exited with {status}");
+    while let Some(v) = c.try_recv(Duration::from_secs(5)).await {
+        if v[0] == "OK" {
+            assert_eq!(v[2], true, "{v}");
+            answered.insert(v[1].as_str().unwrap().to_string());
+        }
+    }
+    relay.restart();
+    let mut c = Client::connect(&relay.ws_url()).await;
+    let stored: std::collections::BTreeSet<String> = c
+        .req("all", vec![json!({"authors": [hex(&k)], "limit": 1000})])
+        .await
+        .events()
+        .iter()
+        .map(|e| e.id.to_hex())
+        .collect();
+    assert_eq!(
+        stored.difference(&answered).count(),
+        0,
+        "stored without an OK ({} answered, {} stored of {})",
+        answered.len(),
+        stored.len(),
+        sent.len()
+    );
+    assert_eq!(stored, answered, "answered OK true but not stored");
 }
 
 /// The tag index never outlives its event: rows written one event at a time

@@ -152,13 +152,22 @@ pub async fn run(socket: WebSocket, state: Arc<AppState>, community: Arc<Communi
     let shutdown = state.shutdown.clone();
     let _ = conn.out.text(json!(["AUTH", conn.challenge]).to_string());
     let _open = OpenConnection::new();
+    // On shutdown the connection reads nothing more, answers every EVENT
+    // it already read (verified or being stored: an event stored without
+    // its OK would be sent again by a client), then closes. The server
+    // waits `shutdown_grace_ms` for that at most.
+    let mut draining = false;
 
     loop {
+        if draining && conn.verifying.is_empty() && conn.storing.is_empty() {
+            conn.out.close(CLOSE_GOING_AWAY, "relay shutting down");
+            break;
+        }
         let step: Result<bool, Stop> = tokio::select! {
             biased;
-            _ = shutdown.cancelled() => {
-                conn.out.close(CLOSE_GOING_AWAY, "relay shutting down");
-                break;
+            _ = shutdown.cancelled(), if !draining => {
+                draining = true;
+                Ok(true)
             }
             _ = conn.out.failed() => break,
             Some(done) = conn.storing.next(), if !conn.storing.is_empty() => conn.after_store(done).map(|_| true),
@@ -170,7 +179,7 @@ pub async fn run(socket: WebSocket, state: Arc<AppState>, community: Arc<Communi
             // came, and a live event is the usual reason this task woke.
             // The socket still gets its turn whenever no live event waits,
             // and the live backlog is bounded by `fanout_buffer_events`.
-            item = next_live(&mut conn.live) => match item {
+            item = next_live(&mut conn.live), if !draining => match item {
                 Ok(p) => conn.on_live(&p).await.map(|_| true),
                 Err(RecvError::Lagged(n)) => {
                     tracing::warn!(community = %conn.community.id, missed = n, "subscriber fell behind live fan-out");
@@ -180,7 +189,7 @@ pub async fn run(socket: WebSocket, state: Arc<AppState>, community: Arc<Communi
                 }
                 Err(RecvError::Closed) => Ok(false),
             },
-            msg = stream.next(), if conn.verifying.len() + conn.storing.len() < max_inflight => match msg {
+            msg = stream.next(), if !draining && conn.verifying.len() + conn.storing.len() < max_inflight => match msg {
                 None | Some(Ok(Message::Close(_))) => Ok(false),
                 Some(Err(e)) => {
                     if is_capacity_error(&e) {
