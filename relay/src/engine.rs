@@ -316,6 +316,10 @@ pub async fn run(state: Arc<AppState>) {
             .engine_beat
             .store(crate::clock::unix_now_ms(), std::sync::atomic::Ordering::Relaxed);
         pass(&state, &mut keys, schedules_due, sweep_due).await;
+        // The heartbeat an operator alerts on: `time() - it` grows when the
+        // engine is stuck or gone.
+        let done_ms = crate::clock::unix_now_ms();
+        metrics::gauge!(crate::telemetry::ENGINE_LAST_TICK).set(done_ms as f64 / 1000.0);
         let nap = run_every.min(sweep_every);
         tokio::select! {
             _ = state.shutdown.cancelled() => return,

@@ -19,6 +19,7 @@ pub const DELIVERY_WAIT: &str = "relay_delivery_wait_seconds";
 pub const TRANSITIONS: &str = "relay_delivery_transitions_total";
 pub const RUNS: &str = "relay_runs";
 pub const SCHEDULE_PASSES: &str = "relay_schedule_passes_total";
+pub const ENGINE_LAST_TICK: &str = "relay_engine_last_tick_seconds";
 pub const WRITE_BATCH: &str = "relay_write_batch_events";
 pub const BUILD_INFO: &str = "relay_build_info";
 
@@ -61,6 +62,11 @@ fn describe() {
     describe_counter!(
         SCHEDULE_PASSES,
         "passes of this process's engine over a community's schedules that completed"
+    );
+    describe_gauge!(
+        ENGINE_LAST_TICK,
+        Unit::Seconds,
+        "unix time at which this process's workflow engine last completed a pass"
     );
     describe_histogram!(WRITE_BATCH, "events per group commit of the event writer");
     describe_gauge!(BUILD_INFO, "1, labelled with the relay's version");

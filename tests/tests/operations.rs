@@ -364,6 +364,22 @@ async fn metrics_move_with_events_deliveries_and_failures(backend: Backend) {
     let moved =
         |name: &str, labels: &[(&str, &str)]| value(&after, name, labels) - value(&before, name, labels);
     assert!(value(&after, "relay_connections", &[]) >= 1.0);
+    // The engine's heartbeat: a recent unix time, which moves on.
+    let tick = value(&after, "relay_engine_last_tick_seconds", &[]);
+    let unix_now = tests::now() as f64;
+    assert!(
+        tick > unix_now - 30.0 && tick <= unix_now + 1.0,
+        "{tick} at {unix_now}"
+    );
+    let mut later = tick;
+    for _ in 0..50 {
+        later = value(&scrape(&relay).await, "relay_engine_last_tick_seconds", &[]);
+        if later > tick {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(later > tick, "the engine's heartbeat stayed at {tick}");
     assert!(moved("relay_events_received_total", &[("outcome", "stored")]) >= 4.0);
     assert_eq!(
         moved("relay_events_received_total", &[("outcome", "invalid")]),
