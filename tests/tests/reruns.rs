@@ -18,6 +18,7 @@ backend_tests!(
     a_failed_call_is_rerun_from_its_step_once,
     the_latest_definition_is_used_only_when_it_keeps_the_steps_before,
     runs_failed_with_one_code_are_rerun_in_bulk_by_a_filter,
+    a_cancelled_run_is_rerun_from_the_step_it_was_at,
 );
 
 const FAST: &str = "[deliveries]\nsweep_interval_ms = 200\n\
@@ -268,7 +269,12 @@ async fn runs_failed_with_one_code_are_rerun_in_bulk_by_a_filter(backend: Backen
     for n in 0..100 {
         start_run(&relay, &fx.owner, "bulk", json!({"n": n})).await;
     }
-    settled(&relay, &fx.owner, 100).await;
+    let first = settled(&relay, &fx.owner, 100).await;
+    let first_created = first
+        .iter()
+        .filter_map(|r| r["created_at"].as_i64())
+        .min()
+        .unwrap();
     server.answer("/bulk", Answer::json(500, json!({})));
     for n in 100..105 {
         start_run(&relay, &fx.owner, "bulk", json!({"n": n})).await;
@@ -319,4 +325,36 @@ async fn runs_failed_with_one_code_are_rerun_in_bulk_by_a_filter(backend: Backen
         "{answer}"
     );
     assert_eq!(all_runs(&relay, &fx.owner, "bulk").await.len(), 205);
+}
+
+/// A run cancelled while it waited is rerun from that step: the steps
+/// before are kept, the wait starts again and the rest runs.
+async fn a_cancelled_run_is_rerun_from_the_step_it_was_at(backend: Backend) {
+    let relay = Relay::start_opts(&backend, options());
+    let mut fx = Fixture::new(&relay, "ops", 0).await;
+    let def = json!({"name": "wait", "trigger": {"on": "manual"}, "steps": [
+        {"id": "hello", "action": "send_message", "text": "hello {{trigger.body.who}}"},
+        {"id": "pause", "action": "delay", "secs": 3600},
+        {"id": "bye", "action": "send_message", "text": "bye {{trigger.body.who}}"}]});
+    fx.define("wait", &def).await;
+    let origin = start_run(&relay, &fx.owner, "wait", json!({"who": "ann"})).await;
+    run_until(&relay, &fx.owner, &origin, 20, |r| r["status"] == "waiting").await;
+    ok(rpc(&relay, &fx.owner, "cancelrun", json!([origin])).await);
+    let a = ok(rpc(&relay, &fx.owner, "rerunrun", json!([origin])).await);
+    assert_eq!(a["from_step"], "pause");
+    let rerun = a["rerun"].as_str().unwrap().to_string();
+    let r = run_until(&relay, &fx.owner, &rerun, 20, |r| r["status"] == "waiting").await;
+    assert_eq!(r["current_step"], 1, "{r}");
+    assert_eq!(r["steps"][0]["kept_from"], json!(origin));
+    assert!(r["wake_at"].as_i64().unwrap() > tests::now() as i64 + 3000, "{r}");
+    let msgs = relay_messages(&relay, &fx).await;
+    assert_eq!(count(&msgs, "hello ann"), 1, "{msgs:?}");
+    // Cancelled in turn, it is rerun again from the same step.
+    ok(rpc(&relay, &fx.owner, "cancelrun", json!([rerun])).await);
+    let again = ok(rpc(&relay, &fx.owner, "rerunrun", json!([rerun])).await);
+    let third = again["rerun"].as_str().unwrap().to_string();
+    let r = run_until(&relay, &fx.owner, &third, 20, |r| r["status"] == "waiting").await;
+    // The kept step still names the run it ran in.
+    assert_eq!(r["steps"][0]["kept_from"], json!(origin), "{r}");
+    assert_eq!(r["cause"], json!({"type": "rerun", "id": rerun}));
 }
