@@ -324,8 +324,11 @@ pub struct DeliveryDetail {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeliveriesPage {
     pub deliveries: Vec<DeliveryView>,
-    /// Ask again with `before=<this>` for the next page.
+    /// Ask again with `before=<this>&before_id=<next_before_id>` for the
+    /// next page.
     pub next_before: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_before_id: Option<String>,
 }
 
 /// `POST /workflows/<id>/webhook-secret`: shown once.

@@ -195,6 +195,8 @@ async fn finish(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth
 struct ListQuery {
     status: Option<String>,
     before: Option<i64>,
+    /// With `before`: the last delivery id of the previous page.
+    before_id: Option<String>,
     limit: Option<u32>,
 }
 
@@ -222,22 +224,25 @@ async fn list_deliveries(
         .limit
         .unwrap_or(state.cfg.deliveries.max_page)
         .clamp(1, state.cfg.deliveries.max_page);
+    if let Some(r) = bad_before_id(q.before_id.as_deref()) {
+        return r;
+    }
     let community = &auth.tenant.community.id;
     let filter = crate::delivery::rows::ListFilter {
         target: Some(auth.pubkey),
         status,
         before: q.before,
+        before_id: q.before_id,
         ..Default::default()
     };
     let r = state.store.list_deliveries(community, &filter, limit).await;
     match r {
         Ok(rows) => {
-            let next = (rows.len() == limit as usize)
-                .then(|| rows.last().map(|d| d.created_at))
-                .flatten();
+            let last = (rows.len() == limit as usize).then(|| rows.last()).flatten();
             Json(DeliveriesPage {
                 deliveries: rows.iter().map(|d| d.list_view()).collect(),
-                next_before: next,
+                next_before: last.map(|d| d.created_at),
+                next_before_id: last.map(|d| d.id.clone()),
             })
             .into_response()
         }
@@ -346,15 +351,8 @@ async fn list_runs(
         return r;
     }
     let limit = q.limit.unwrap_or(50).clamp(1, state.cfg.deliveries.max_page);
-    if q.before_id
-        .as_deref()
-        .is_some_and(|id| !protocol::workflow::valid_id(id))
-    {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "malformed",
-            "before_id must match [a-z0-9_-]{1,64}",
-        );
+    if let Some(r) = bad_before_id(q.before_id.as_deref()) {
+        return r;
     }
     let community = &auth.tenant.community.id;
     let before = q.before.map(|created_at| crate::workflow::views::Before {
@@ -374,6 +372,17 @@ async fn list_runs(
             next_before_id: last.map(|r| r.id.clone()),
             runs: page.runs,
         }
+    })
+}
+
+/// A page's `before_id` that is not an id this relay makes: 400.
+fn bad_before_id(before_id: Option<&str>) -> Option<Response> {
+    before_id.filter(|id| !protocol::workflow::valid_id(id)).map(|_| {
+        error(
+            StatusCode::BAD_REQUEST,
+            "malformed",
+            "before_id must match [a-z0-9_-]{1,64}",
+        )
     })
 }
 

@@ -299,6 +299,7 @@ async fn list_deliveries(state: &AppState, community: &str, actor: Actor<'_>, q:
             now.saturating_sub(i64::try_from(s).unwrap_or(i64::MAX))
                 .saturating_add(1)
         }),
+        before_id: None,
     };
     let limit = q.limit.unwrap_or(DEFAULT_LIST_DELIVERIES);
     let rows = state

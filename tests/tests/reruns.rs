@@ -283,6 +283,7 @@ async fn runs_failed_with_one_code_are_rerun_in_bulk_by_a_filter(backend: Backen
     server.answer("/bulk", Answer::json(200, json!({"ok": true})));
 
     // Without --yes: what would be rerun, and nothing is.
+    let since = first_created.to_string();
     let args = [
         "runs",
         "rerun",
@@ -290,6 +291,8 @@ async fn runs_failed_with_one_code_are_rerun_in_bulk_by_a_filter(backend: Backen
         "bulk",
         "--error-code",
         "http_503",
+        "--since",
+        &since,
         "--limit",
         "500",
     ];

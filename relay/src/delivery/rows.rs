@@ -197,8 +197,10 @@ pub struct ListFilter {
     pub run: Option<String>,
     /// Only the workflows this pubkey owns.
     pub owner: Option<PublicKey>,
-    /// Only rows created before this unix second.
+    /// Only rows created before this unix second, or (with `before_id`)
+    /// at it with a smaller id: the page after the row (`before`, `before_id`).
     pub before: Option<i64>,
+    pub before_id: Option<String>,
 }
 
 /// Deliveries, newest first.
@@ -233,7 +235,7 @@ pub async fn list(
             .push_text(")");
     }
     if let Some(b) = f.before {
-        q = q.and(d, "created_at <", b);
+        q = q.before_key(d, b, f.before_id.as_deref());
     }
     let q = q
         .push_text(" ORDER BY created_at DESC, id DESC LIMIT ")

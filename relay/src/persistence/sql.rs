@@ -155,6 +155,22 @@ impl Q {
         self.push_arg(d, b);
         self
     }
+
+    /// Appends the keyset condition of a page listed `ORDER BY created_at
+    /// DESC, id DESC` that begins after the row (`created_at`, `id`), or
+    /// before `created_at` when no id is given.
+    pub fn before_key(self, d: Dialect, created_at: i64, id: Option<&str>) -> Self {
+        match id {
+            None => self.and(d, "created_at <", created_at),
+            Some(id) => self
+                .push_text(" AND (created_at < ")
+                .arg(d, created_at)
+                .push_text(" OR (created_at = ")
+                .arg(d, created_at)
+                .and(d, "id <", id)
+                .push_text("))"),
+        }
+    }
 }
 
 impl From<i64> for Bind {

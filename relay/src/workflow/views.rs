@@ -211,22 +211,8 @@ pub async fn list_runs(
     if let Some(w) = workflow_id {
         q = q.and(d, "workflow_id =", w);
     }
-    match before {
-        Some(Before { created_at, id: None }) => q = q.and(d, "created_at <", created_at),
-        Some(Before {
-            created_at,
-            id: Some(id),
-        }) => {
-            q = q
-                .push_text(" AND (created_at < ")
-                .arg(d, created_at)
-                .push_text(" OR (created_at = ")
-                .arg(d, created_at)
-                .push_text(" AND id < ")
-                .arg(d, id)
-                .push_text("))");
-        }
-        None => {}
+    if let Some(b) = before {
+        q = q.before_key(d, b.created_at, b.id);
     }
     let q = q
         .push_text(" ORDER BY created_at DESC, id DESC LIMIT ")
