@@ -50,7 +50,7 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     let listeners = bind_all(&cfg.listen).await?;
     let local: Vec<SocketAddr> = listeners.iter().filter_map(|l| l.local_addr().ok()).collect();
 
-    let grace = Duration::from_millis(cfg.shutdown_grace_ms);
+    let grace = cfg.shutdown_grace();
     let sweep_every = Duration::from_secs(cfg.expiry_sweep_interval_secs.max(1));
     let secrets = crate::secrets::SecretsKey::load_or_create(&cfg.secrets_key_path())?;
     let outcaller = crate::outcall::Outcaller::new(&cfg.webhooks)?;

@@ -80,13 +80,19 @@ pub struct Config {
     pub postgres: PostgresConfig,
     /// Group commit: queues and batch sizes of the store's writers.
     pub writer: WriterConfig,
-    /// How long a graceful shutdown waits for connections to close.
+    /// How long a graceful shutdown waits for connections to drain.
     pub shutdown_grace_ms: u64,
+    /// The same in seconds; when set, it replaces `shutdown_grace_ms`.
+    pub shutdown_grace_secs: Option<u64>,
     /// How often expired (NIP-40) events are purged.
     pub expiry_sweep_interval_secs: u64,
     /// How long `serve` waits at start for an unreachable database.
     pub startup_db_wait_secs: u64,
 }
+
+/// Longest graceful shutdown (an orchestrator kills a process that takes
+/// longer anyway: Kubernetes after 30 s unless told otherwise).
+pub const MAX_SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
 
 impl Default for Config {
     fn default() -> Self {
@@ -118,6 +124,7 @@ impl Default for Config {
             postgres: PostgresConfig::default(),
             writer: WriterConfig::default(),
             shutdown_grace_ms: 5_000,
+            shutdown_grace_secs: None,
             expiry_sweep_interval_secs: 60,
             startup_db_wait_secs: 30,
         }
@@ -220,7 +227,21 @@ impl Config {
             .unwrap_or_else(|| default_secrets_key_path(&self.database_url))
     }
 
+    /// How long a graceful shutdown waits for connections to drain.
+    pub fn shutdown_grace(&self) -> std::time::Duration {
+        match self.shutdown_grace_secs {
+            Some(secs) => std::time::Duration::from_secs(secs),
+            None => std::time::Duration::from_millis(self.shutdown_grace_ms),
+        }
+    }
+
     fn validate(&self) -> Result<(), String> {
+        if self.shutdown_grace() > MAX_SHUTDOWN_GRACE {
+            return Err(format!(
+                "shutdown_grace_ms / shutdown_grace_secs: at most {} s",
+                MAX_SHUTDOWN_GRACE.as_secs()
+            ));
+        }
         let admins = self
             .admins
             .iter()
@@ -395,6 +416,17 @@ mod tests {
     #[test]
     fn defaults_validate() {
         assert_eq!(Config::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn shutdown_grace_in_seconds_replaces_milliseconds() {
+        use std::time::Duration;
+        let mut c = Config::default();
+        assert_eq!(c.shutdown_grace(), Duration::from_millis(5_000));
+        c.shutdown_grace_secs = Some(20);
+        assert_eq!(c.shutdown_grace(), Duration::from_secs(20));
+        c.shutdown_grace_secs = Some(601);
+        assert!(c.validate().unwrap_err().contains("at most 600 s"));
     }
 
     #[test]
