@@ -20,6 +20,7 @@ pub const TRANSITIONS: &str = "relay_delivery_transitions_total";
 pub const RUNS: &str = "relay_runs";
 pub const SCHEDULE_PASSES: &str = "relay_schedule_passes_total";
 pub const ENGINE_LAST_TICK: &str = "relay_engine_last_tick_seconds";
+pub const TRIGGER_REFUSALS: &str = "relay_trigger_refusals_total";
 pub const WRITE_BATCH: &str = "relay_write_batch_events";
 pub const BUILD_INFO: &str = "relay_build_info";
 
@@ -68,6 +69,10 @@ fn describe() {
         Unit::Seconds,
         "unix time at which this process's workflow engine last completed a pass"
     );
+    describe_counter!(
+        TRIGGER_REFUSALS,
+        "events that matched a workflow's trigger and started no run, by trigger and refusal code"
+    );
     describe_histogram!(WRITE_BATCH, "events per group commit of the event writer");
     describe_gauge!(BUILD_INFO, "1, labelled with the relay's version");
 }
@@ -88,6 +93,17 @@ pub fn outcome(accepted: bool, message: &str) -> &'static str {
         (false, "error") => "error",
         (false, _) => "other",
     }
+}
+
+/// Counts an event that matched a workflow's `trigger` and started no
+/// run, refused with `code` (a relay code: a bounded label).
+pub fn count_trigger_refusal(trigger: &str, code: &'static str) {
+    let trigger = match trigger {
+        "message_posted" => "message_posted",
+        "reaction_added" => "reaction_added",
+        _ => "other",
+    };
+    metrics::counter!(TRIGGER_REFUSALS, "trigger" => trigger, "code" => code).increment(1);
 }
 
 /// Counts `n` delivery transitions to status `to` with `code` (bounded by

@@ -444,7 +444,9 @@ async fn cancel_delivery_and_cancel_run(backend: Backend) {
 
 async fn pause_holds_open_work_and_resume_restores_triggers(backend: Backend) {
     let admin = Keys::generate();
-    let relay = Relay::start_opts(&backend, with_admin(&admin));
+    let mut options = with_admin(&admin);
+    options.config_toml = format!("metrics_listen = \"127.0.0.1:0\"\n{}", options.config_toml);
+    let relay = Relay::start_opts(&backend, options);
     let mut fx = Fixture::new(&relay, "ops", 1).await;
     let agent = fx.agents[0].clone();
     let trigger = json!({"on": "message_posted", "filter": {"text_contains": "alert"}});
@@ -471,6 +473,25 @@ async fn pause_holds_open_work_and_resume_restores_triggers(backend: Backend) {
     assert_eq!(runs.len(), 1, "{runs:?}");
     // Its run is held at the step it was on.
     assert_eq!(runs[0]["status"], "waiting", "{runs:?}");
+    // The message its trigger matched while paused is counted, not lost unseen.
+    let addr = relay.metrics_addr.expect("metrics_listen");
+    let text = reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let passed: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("relay_trigger_refusals_total{"))
+        .collect();
+    assert!(
+        passed.len() == 1
+            && passed[0].contains("trigger=\"message_posted\"")
+            && passed[0].contains("code=\"workflow_paused\"")
+            && passed[0].ends_with(" 1"),
+        "{passed:?}"
+    );
     let run_id = runs[0]["id"].as_str().unwrap().to_string();
     // Pausing twice changes nothing (and posts no second notice).
     ok(rpc(&relay, &admin, "pauseworkflow", json!(["watch"])).await);

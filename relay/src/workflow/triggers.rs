@@ -14,7 +14,7 @@ use super::definitions::{
 use crate::events::rules as events;
 use crate::persistence::db::{Tx, Q};
 use crate::persistence::StoreError;
-use crate::refusal::{unless_refused, Answer, Refusal};
+use crate::refusal::{unless_refused, Answer, CallError, Refusal};
 
 /// Creates a run for a cause unless that cause already made one (unique per
 /// community, workflow and cause), only while the workflow is live and its
@@ -178,10 +178,16 @@ async fn start_event_runs(
         {
             continue;
         }
-        if let Some((run, true)) =
-            unless_refused(create_run(tx, community, &w.id, &cause, ctx.clone()).await)?
-        {
-            runs.push(run);
+        match create_run(tx, community, &w.id, &cause, ctx.clone()).await {
+            Ok((run, true)) => runs.push(run),
+            Ok((_, false)) => {}
+            // A paused workflow's trigger passes it by (docs/protocol.md,
+            // "Management"); never unseen: counted, with why.
+            Err(CallError::Refused(why)) => {
+                crate::telemetry::count_trigger_refusal(trigger, why.code());
+                tracing::debug!(community, workflow = %w.id, trigger, code = why.code(), "trigger matched, no run");
+            }
+            Err(CallError::Store(e)) => return Err(e),
         }
     }
     Ok(runs)
