@@ -124,6 +124,23 @@ impl Relay {
     }
 
     /// `http://127.0.0.1:<port>`
+    /// The lines of its `/metrics` (with `metrics_listen` set) of the
+    /// series `name`, as `name{labels} value`.
+    pub async fn metric_lines(&self, name: &str) -> Vec<String> {
+        let addr = self.metrics_addr.expect("metrics_listen is set");
+        let text = reqwest::get(format!("http://{addr}/metrics"))
+            .await
+            .expect("scrape")
+            .text()
+            .await
+            .expect("metrics body");
+        let prefix = format!("{name}{{");
+        text.lines()
+            .filter(|l| l.starts_with(&prefix) || l.split(' ').next() == Some(name))
+            .map(str::to_string)
+            .collect()
+    }
+
     pub fn http_url(&self) -> String {
         format!("http://{}", self.addr)
     }

@@ -474,17 +474,7 @@ async fn pause_holds_open_work_and_resume_restores_triggers(backend: Backend) {
     // Its run is held at the step it was on.
     assert_eq!(runs[0]["status"], "waiting", "{runs:?}");
     // The message its trigger matched while paused is counted, not lost unseen.
-    let addr = relay.metrics_addr.expect("metrics_listen");
-    let text = reqwest::get(format!("http://{addr}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let passed: Vec<&str> = text
-        .lines()
-        .filter(|l| l.starts_with("relay_trigger_refusals_total{"))
-        .collect();
+    let passed = relay.metric_lines("relay_trigger_refusals_total").await;
     assert!(
         passed.len() == 1
             && passed[0].contains("trigger=\"message_posted\"")

@@ -394,15 +394,10 @@ async fn v2_definitions_are_validated_at_publish(backend: Backend) {
 /// The schedule passes a relay process completed (its
 /// `relay_schedule_passes_total`, every community).
 async fn schedule_passes(relay: &Relay) -> f64 {
-    let addr = relay.metrics_addr.expect("metrics_listen is set");
-    let text = reqwest::get(format!("http://{addr}/metrics"))
+    relay
+        .metric_lines("relay_schedule_passes_total")
         .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with("relay_schedule_passes_total{"))
+        .iter()
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
