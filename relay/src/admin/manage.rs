@@ -289,6 +289,23 @@ pub async fn act_on_delivery(
     })
 }
 
+/// The workflow and channel of a run `actor` may act on: any run for an
+/// admin, else one of a workflow it owns while a member of its channel.
+async fn run_of(
+    tx: &mut Tx<'_>,
+    community: &str,
+    actor: Actor<'_>,
+    run_id: &str,
+) -> Answer<(String, String)> {
+    let (workflow_id, channel, _) = crate::workflow::views::place_of(tx, community, run_id)
+        .await?
+        .ok_or(Refusal::UnknownRun)?;
+    if !actor.admin {
+        workflows::owned(tx, community, &workflow_id, actor.pubkey, true).await?;
+    }
+    Ok((workflow_id, channel))
+}
+
 /// `cancelrun`: the run and its open deliveries; returns the notice.
 pub async fn cancel_run(
     tx: &mut Tx<'_>,
@@ -297,12 +314,7 @@ pub async fn cancel_run(
     actor: Actor<'_>,
     run_id: &str,
 ) -> Answer<Notice> {
-    let (workflow_id, channel, _) = crate::workflow::views::place_of(tx, community, run_id)
-        .await?
-        .ok_or(Refusal::UnknownRun)?;
-    if !actor.admin {
-        workflows::owned(tx, community, &workflow_id, actor.pubkey, true).await?;
-    }
+    let (workflow_id, channel) = run_of(tx, community, actor, run_id).await?;
     let by = actor.pubkey.to_hex();
     crate::workflow::views::cancel_by(tx, community, run_id, &format!("cancelled by {by}")).await?;
     let now = tx.now().await?;
@@ -322,12 +334,7 @@ pub async fn rerun_run(
     run_id: &str,
     which: RerunDefinition,
 ) -> Answer<(RunRerun, Option<Notice>)> {
-    let (workflow_id, _, _) = crate::workflow::views::place_of(tx, community, run_id)
-        .await?
-        .ok_or(Refusal::UnknownRun)?;
-    if !actor.admin {
-        workflows::owned(tx, community, &workflow_id, actor.pubkey, true).await?;
-    }
+    let (workflow_id, _) = run_of(tx, community, actor, run_id).await?;
     let r = crate::workflow::rerun::rerun(tx, community, run_id, which).await?;
     let answer = RunRerun {
         id: run_id.to_string(),
