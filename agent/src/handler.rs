@@ -45,11 +45,19 @@ impl Turn {
         vec![outcome; self.items.len()]
     }
 
-    /// The turn's messages as one prompt.
+    /// The turn's messages as one prompt; a message whose answer must
+    /// have a shape says so after it (a revision message already does).
     pub fn prompt(&self) -> String {
         self.items
             .iter()
-            .map(|i| i.message.content.as_str())
+            .map(|i| match &i.delivery.output {
+                Some(schema) if i.delivery.revision == 0 => format!(
+                    "{}\n\nAnswer with one JSON object that fits this JSON Schema:\n{}",
+                    i.message.content,
+                    schema.to_value()
+                ),
+                _ => i.message.content.clone(),
+            })
             .collect::<Vec<_>>()
             .join("\n")
     }
@@ -264,6 +272,8 @@ fn exec_input(turn: &Turn) -> serde_json::Value {
             "text": i.message.content,
             "trigger_context": i.delivery.trigger_context,
             "execution_trace": i.delivery.execution_trace,
+            "output": i.delivery.output,
+            "revision": i.delivery.revision,
         })).collect::<Vec<_>>(),
     })
 }
@@ -575,6 +585,8 @@ mod tests {
                 expires_at: 0,
                 trigger_context: json!({}),
                 execution_trace: json!([]),
+                output: None,
+                revision: 0,
             },
             message: EventBuilder::new(Kind::from_u16(9), format!("msg {id}"))
                 .finalize(&keys)

@@ -244,17 +244,45 @@ pub fn verify(
         return fail("definition_unverifiable", "the step's template does not parse");
     };
     let rendered = tpl.render(&template::context(&d.trigger_context, &d.execution_trace));
-    if rendered != msg.content {
+    check_revision(d, msg, &rendered)?;
+    if step.output() != d.output.as_ref() {
         return fail(
-            "render_mismatch",
-            "rendering the template from the snapshot does not give the message",
+            "output_mismatch",
+            "the delivery's output schema is not the step's",
         );
     }
     Ok(Verified {
         definition: def.clone(),
         message: msg.clone(),
-        text: rendered,
+        text: msg.content.clone(),
     })
+}
+
+/// The message is the step's text rendered again: exactly, or (revision
+/// n, as the claim says and its `workflow-revision` tag) followed by the
+/// separator and the errors that refused the last answer.
+fn check_revision(d: &Delivery, msg: &Event, rendered: &str) -> Result<(), Failure> {
+    let tagged = workflow::tag_values(msg, workflow::REVISION_TAG);
+    let fits = match (tagged.as_slice(), d.revision) {
+        ([], 0) => msg.content == rendered,
+        ([n], revision) if revision > 0 && n.parse::<u32>() == Ok(revision) => msg
+            .content
+            .strip_prefix(rendered)
+            .is_some_and(|rest| rest.starts_with(workflow::REVISION_SEPARATOR)),
+        _ => {
+            return fail(
+                "revision_mismatch",
+                "the message's revision is not the delivery's",
+            )
+        }
+    };
+    if !fits {
+        return fail(
+            "render_mismatch",
+            "rendering the template from the snapshot does not give the message",
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -320,6 +348,8 @@ mod tests {
             expires_at: 0,
             trigger_context: json!({"text": "there", "cause": {"type": "event", "id": "ab".repeat(32)}}),
             execution_trace: json!([]),
+            output: None,
+            revision: 0,
         };
         World {
             relay,
@@ -369,6 +399,51 @@ mod tests {
             code(verify(&w.d, None, Some(&w.def), Some(&w.msg), &trust(&w))),
             "step_not_a_message"
         );
+    }
+
+    #[test]
+    fn a_revision_is_the_step_text_then_the_errors_and_the_shape_must_be_the_steps() {
+        let shape = json!({"type": "object", "properties": {"severity": {"type": "string"}}});
+        let w = world_with(
+            json!({"id": "s", "action": "ask_agent", "text": "hi {{trigger.text}}", "output": shape}),
+        );
+        let schema: workflow::OutputSchema = serde_json::from_value(shape.clone()).unwrap();
+        let revised = |text: &str, n: &str| {
+            let mut tags: Vec<Tag> = w.msg.tags.iter().cloned().collect();
+            tags.push(Tag::custom(workflow::REVISION_TAG, [n]));
+            EventBuilder::new(Kind::from_u16(9), text)
+                .tags(tags)
+                .finalize(&w.relay)
+                .unwrap()
+        };
+        let on = |msg: &Event, revision: u32, output: Option<workflow::OutputSchema>| {
+            let mut d = w.d.clone();
+            d.message_event_id = msg.id.to_hex();
+            d.revision = revision;
+            d.output = output;
+            code(verify(&d, None, Some(&w.def), Some(msg), &trust(&w)))
+        };
+        let text = workflow::revision_text("hi there", 1, 2, &["/severity: 3 is not a string"], &shape);
+        let good = revised(&text, "1");
+        assert_eq!(on(&good, 1, Some(schema.clone())), "ok");
+        let mut d = w.d.clone();
+        (d.message_event_id, d.revision, d.output) = (good.id.to_hex(), 1, Some(schema.clone()));
+        let v = verify(&d, None, Some(&w.def), Some(&good), &trust(&w)).unwrap();
+        assert!(
+            v.text.contains("3 is not a string"),
+            "the agent is shown the errors"
+        );
+        assert_eq!(on(&good, 2, Some(schema.clone())), "revision_mismatch");
+        assert_eq!(on(&good, 0, Some(schema.clone())), "revision_mismatch");
+        assert_eq!(on(&w.msg, 1, Some(schema.clone())), "revision_mismatch");
+        let edited = revised(&text.replace("hi there", "hi elsewhere"), "1");
+        assert_eq!(on(&edited, 1, Some(schema.clone())), "render_mismatch");
+        assert_eq!(
+            on(&revised("hi there and more", "1"), 1, Some(schema.clone())),
+            "render_mismatch"
+        );
+        assert_eq!(on(&w.msg, 0, Some(schema)), "ok");
+        assert_eq!(on(&w.msg, 0, None), "output_mismatch");
     }
 
     #[test]

@@ -208,6 +208,15 @@ pub struct ClaimedDelivery {
     pub trigger_context: Value,
     /// The run's trace as of the step.
     pub execution_trace: Value,
+    /// The shape the answer must have (the step's `output`), if any: a
+    /// delivered finish whose reply does not fit it is refused
+    /// `output_invalid` and the step asks again (a revision).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<crate::workflow::OutputSchema>,
+    /// Which revision this is: 0 for the step's message, n for its n-th
+    /// revision message (tagged `["workflow-revision", "n"]`).
+    #[serde(default)]
+    pub revision: u32,
 }
 
 /// The answer to a claim: the delivery, or `null` when none was due.

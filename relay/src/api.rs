@@ -185,7 +185,11 @@ async fn finish(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth
             if replied || f.woke_run {
                 state.kick.kick();
             }
-            Json(FinishAnswer { status: f.status }).into_response()
+            match f.refused_answer {
+                // Committed: the row waits for the step's revision.
+                Some(why) => error(StatusCode::UNPROCESSABLE_ENTITY, "output_invalid", why),
+                None => Json(FinishAnswer { status: f.status }).into_response(),
+            }
         }
         Err(e) => not_answered(e),
     }

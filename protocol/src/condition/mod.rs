@@ -82,10 +82,10 @@ impl Ty {
 
 /// An earlier step a condition may name: its id and the fields of its
 /// output with their types (every output may also be `{"skipped": true}`).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct StepShape<'a> {
     pub id: &'a str,
-    pub fields: &'static [(String, Ty)],
+    pub fields: std::borrow::Cow<'static, [(String, Ty)]>,
 }
 
 /// Why a condition is refused at publish, and where (1-based).
@@ -604,11 +604,11 @@ mod tests {
         vec![
             StepShape {
                 id: "triage",
-                fields: ASK.output_fields(),
+                fields: ASK.output_fields().into(),
             },
             StepShape {
                 id: "a-b",
-                fields: ASK.output_fields(),
+                fields: ASK.output_fields().into(),
             },
         ]
     }

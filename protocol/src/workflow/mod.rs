@@ -5,10 +5,12 @@
 use nostr::prelude::PublicKey;
 use serde::{Deserialize, Serialize};
 
+mod output;
 mod steps;
 mod tags;
 mod validate;
 
+pub use output::*;
 pub use steps::*;
 
 pub use tags::{message_tags, recipients, tag_slice, tag_values, wake_tags, Cause, MessageBinding};

@@ -497,6 +497,63 @@ mod tests {
     }
 
     #[test]
+    fn an_answer_shape_types_the_conditions_that_read_it() {
+        let agent = Keys::generate().public_key();
+        let npub = nostr::prelude::ToBech32::to_bech32(&agent).unwrap();
+        let def = |output: serde_json::Value, revise: serde_json::Value, cond: &str| {
+            let mut ask = json!({"id": "triage", "action": "ask_agent", "text": format!("nostr:{npub} triage"),
+                                 "output": output});
+            if !revise.is_null() {
+                ask["revise"] = revise;
+            }
+            let d = json!({"name": "shaped", "trigger": {"on": "manual"}, "steps": [ask,
+                {"id": "page", "action": "send_message", "text": "{{steps.triage.output.severity}}", "if": cond}]});
+            validate(&def_event(&d, &[("d", "w"), ("h", "c")])).map_err(|e| e.to_string())
+        };
+        let shape = json!({"type": "object", "required": ["severity"],
+            "properties": {"severity": {"type": "string", "enum": ["low", "high"]}, "score": {"type": "integer"}}});
+        let v = def(
+            shape.clone(),
+            json!(3),
+            "steps.triage.output.severity == 'high' && steps.triage.output.score > 2",
+        )
+        .unwrap();
+        let Step::AskAgent(ask) = &v.definition.steps[0] else {
+            panic!("an ask")
+        };
+        assert_eq!(ask.revisions(), 3);
+        for (output, revise, cond, want) in [
+            (
+                shape.clone(),
+                json!(null),
+                "steps.triage.output.severity > 2",
+                "step page: if:",
+            ),
+            (
+                shape.clone(),
+                json!(null),
+                "steps.triage.output.colour == ''",
+                "has no field colour",
+            ),
+            (
+                shape.clone(),
+                json!(6),
+                "true",
+                "step triage: revise: 6 is over 5",
+            ),
+            (
+                json!({"type": "object", "properties": {"reply": {"type": "string"}}}),
+                json!(null),
+                "true",
+                "step triage: output: property \"reply\"",
+            ),
+        ] {
+            let got = def(output, revise, cond).unwrap_err();
+            assert!(got.starts_with(want) || got.contains(want), "{cond}: {got}");
+        }
+    }
+
+    #[test]
     fn message_filter() {
         let pk = Keys::generate().public_key();
         let f = MessageFilter {

@@ -70,6 +70,7 @@ fn claim_sql(b: &ClaimBinds, reach: Reach) -> String {
         },
         Claimable::Due => format!("next_attempt_at <= {}", b.now),
         Claimable::LeaseFits => format!("expires_at >= {}", b.lease_end),
+        Claimable::NotRevising => "output_errors IS NULL".to_string(),
     };
     CLAIM_RULE.map(clause).join(" AND ")
 }
@@ -300,6 +301,7 @@ mod claim_rule {
         is_target: bool,
         next_attempt_at: i64,
         expires_at: i64,
+        revising: bool,
     }
 
     fn cases() -> Vec<Case> {
@@ -308,12 +310,15 @@ mod claim_rule {
             for is_target in [true, false] {
                 for next_attempt_at in [NOW - 1, NOW, NOW + 1] {
                     for expires_at in [NOW - 1, NOW, NOW + LEASE - 1, NOW + LEASE, NOW + 1_000] {
-                        out.push(Case {
-                            status,
-                            is_target,
-                            next_attempt_at,
-                            expires_at,
-                        });
+                        for revising in [false, true] {
+                            out.push(Case {
+                                status,
+                                is_target,
+                                next_attempt_at,
+                                expires_at,
+                                revising,
+                            });
+                        }
                     }
                 }
             }
@@ -331,6 +336,7 @@ mod claim_rule {
             next_attempt_at: c.next_attempt_at,
             expires_at: c.expires_at,
             records_operations: false,
+            revising: c.revising,
         };
         let asked = On::Claim {
             is_target: c.is_target,
@@ -347,8 +353,8 @@ mod claim_rule {
             "INSERT INTO workflow_agent_deliveries (community_id, id, workflow_id, run_id, step_id, \
              target_pubkey, channel, definition_event_id, message_event_id, message_created_at, status, \
              attempt, max_attempts, claim_token, claim_expires_at, next_attempt_at, expires_at, \
-             trigger_context, execution_trace, created_at, updated_at) \
-             VALUES ($1, 'd', 'w', 'r', 's', $2, 'ch', $3, $4, 1, $5, 1, 3, $6, $7, $8, $9, '{}', '[]', 1, 1)",
+             trigger_context, execution_trace, created_at, updated_at, output_errors) \
+             VALUES ($1, 'd', 'w', 'r', 's', $2, 'ch', $3, $4, 1, $5, 1, 3, $6, $7, $8, $9, '{}', '[]', 1, 1, $10)",
         )
         .bind(community)
         .bind(target.to_bytes())
@@ -358,7 +364,8 @@ mod claim_rule {
         .bind(crate::persistence::sql::Bind::OptText((c.status == Status::Claimed).then(|| "held".to_string())))
         .bind((c.status == Status::Claimed).then_some(NOW + 5))
         .bind(c.next_attempt_at)
-        .bind(c.expires_at);
+        .bind(c.expires_at)
+        .bind(crate::persistence::sql::Bind::OptText(c.revising.then(|| "refused".to_string())));
         tx.exec(q).await.expect("insert");
     }
 

@@ -6,7 +6,7 @@
 //! channel, in the transaction that makes the transition (so exactly once).
 
 use nostr::prelude::{Event, Keys, PublicKey, Tag};
-use protocol::api::{DeliveryStatus as Status, OperationRequest, RenewRequest};
+use protocol::api::{DeliveryStatus as Status, OperationRequest, Outcome, RenewRequest};
 
 use crate::config::DeliveryConfig;
 use crate::delivery::machine;
@@ -163,7 +163,7 @@ async fn fail(
     tx.exec(
         Q::new(
             "UPDATE workflow_agent_deliveries SET status = $3, failure_code = $4, failure_message = $5, \
-             claim_token = NULL, updated_at = $6 WHERE community_id = $1 AND id = $2",
+             claim_token = NULL, output_errors = NULL, updated_at = $6 WHERE community_id = $1 AND id = $2",
         )
         .bind(community)
         .bind(d.id.as_str())
@@ -185,6 +185,10 @@ pub struct Finished {
     /// Whether it woke the run waiting for this delivery (the engine
     /// should look at it now).
     pub woke_run: bool,
+    /// Why its answer was refused (it did not fit the step's output): the
+    /// finish committed (the row waits for the step's revision) and is
+    /// answered `output_invalid` with this text.
+    pub refused_answer: Option<String>,
 }
 
 /// Checks a reply: a kind 9 by the target, in the delivery's channel, whose
@@ -226,17 +230,23 @@ pub async fn finish(
         return Err(Refusal::NotTarget.into());
     }
     if let Some(status) = d.finished_as(req) {
+        // A delivered finish that did not deliver had its answer refused.
+        let refused = (req.outcome == Outcome::Delivered && status != Status::Delivered)
+            .then(|| "this answer was already refused: it does not fit the step's output".to_string());
         return Ok(Finished {
             status,
             published: Vec::new(),
             woke_run: false,
+            refused_answer: refused,
         });
     }
+    let misfit = misfit(&d, req);
     let asked = On::Finish {
         is_target: true,
         token: &req.claim_token,
         outcome: req.outcome,
         backoff_secs: backoff_after(cfg, d.attempt),
+        fits: misfit.is_none(),
     };
     let decided = machine::transition(&d.state(), asked, now)?;
     let mut published = Vec::new();
@@ -247,7 +257,10 @@ pub async fn finish(
             id
         });
     faults::check("finish:after_reply")?;
-    let applied = apply(tx, community, keys, &d, decided, agent_failure(req), now).await?;
+    let applied = match (decided, &misfit) {
+        (Transition::Revise, Some(errors)) => refuse_answer(tx, community, &d, errors, now).await?,
+        _ => apply(tx, community, keys, &d, decided, agent_failure(req), now).await?,
+    };
     published.extend(applied.notice);
     let status = applied.status;
     record_finish(tx, community, id, req, status, reply_id, now).await?;
@@ -256,7 +269,127 @@ pub async fn finish(
         status,
         published,
         woke_run: applied.poked,
+        refused_answer: misfit.filter(|_| decided == Transition::Revise),
     })
+}
+
+/// Why a delivered finish's answer does not fit the row's output schema
+/// (one error a line), or `None` when it fits or the row has none.
+fn misfit(d: &Delivery, req: &FinishRequest) -> Option<String> {
+    if req.outcome != Outcome::Delivered {
+        return None;
+    }
+    let schema = d.output()?;
+    let Some(reply) = &req.reply else {
+        return Some("the answer is missing: this step needs a reply that fits its output".into());
+    };
+    schema
+        .check_answer(&reply.content)
+        .err()
+        .map(|errors| errors.join("\n"))
+}
+
+/// `claimed -> pending (revising)`: the answer did not fit; the attempt
+/// ends `output_invalid` with the errors, which the row keeps until the
+/// step revises it (and it is not claimable meanwhile). Wakes the run.
+async fn refuse_answer(
+    tx: &mut Tx<'_>,
+    community: &str,
+    d: &Delivery,
+    errors: &str,
+    now: i64,
+) -> Result<Applied, StoreError> {
+    tx.exec(
+        Q::new(
+            "UPDATE workflow_agent_deliveries SET status = 'pending', claim_token = NULL, \
+             claim_expires_at = NULL, next_attempt_at = $3, output_errors = $4, updated_at = $3 \
+             WHERE community_id = $1 AND id = $2",
+        )
+        .bind(community)
+        .bind(d.id.as_str())
+        .bind(now)
+        .bind(errors),
+    )
+    .await?;
+    end_attempt(
+        tx,
+        community,
+        d,
+        now,
+        "output_invalid",
+        Some("output_invalid".into()),
+        Some(errors.into()),
+    )
+    .await?;
+    counted(Status::Pending, "output_invalid");
+    if d.awaited {
+        poke(tx, community, &d.run_id, &d.id).await?;
+    }
+    Ok(Applied {
+        status: Status::Pending,
+        notice: None,
+        poked: d.awaited,
+    })
+}
+
+/// The step looks at a row whose answer was refused: with `revision`
+/// (its new message, stored) the row is reissued on it, due now, with one
+/// more attempt allowed; without (no revision left, or none could be
+/// posted) it fails `output_invalid`, with its notice. Returns the new
+/// status and the notice to announce.
+pub(crate) async fn revise(
+    tx: &mut Tx<'_>,
+    community: &str,
+    keys: &Keys,
+    d: &Delivery,
+    revision: Option<&Event>,
+    now: i64,
+) -> Result<(Status, Option<(Event, String)>), StoreError> {
+    let decided = machine::transition(
+        &d.state(),
+        On::Revision {
+            left: revision.is_some(),
+        },
+        now,
+    )
+    .expect("a revision is not fenced");
+    match (decided, revision) {
+        (Transition::Reissue, Some(message)) => {
+            tx.exec(
+                Q::new(
+                    "UPDATE workflow_agent_deliveries SET message_event_id = $3, message_created_at = $4, \
+                     revision = revision + 1, output_errors = NULL, next_attempt_at = $5, \
+                     max_attempts = max_attempts + 1, updated_at = $5 \
+                     WHERE community_id = $1 AND id = $2 AND output_errors IS NOT NULL",
+                )
+                .bind(community)
+                .bind(d.id.as_str())
+                .bind(message.id.to_bytes())
+                .bind(events::created_at_of(message))
+                .bind(now),
+            )
+            .await?;
+            counted(Status::Pending, "revised");
+            Ok((Status::Pending, None))
+        }
+        (Transition::Fail(Failure::OutputInvalid), _) => {
+            let errors = d.output_errors.as_deref();
+            counted(Status::Failed, "output_invalid");
+            let notice = fail(
+                tx,
+                community,
+                keys,
+                d,
+                Status::Failed,
+                "output_invalid",
+                errors,
+                now,
+            )
+            .await?;
+            Ok((Status::Failed, Some(notice)))
+        }
+        _ => Ok((d.status, None)),
+    }
 }
 
 impl Delivery {
@@ -439,6 +572,21 @@ async fn to_pending(
         code => ("retry", Some(code.to_string())),
     };
     counted(Status::Pending, if code.is_none() { "lease_expired" } else { "" });
+    end_attempt(tx, community, d, now, outcome, code, agent.1.clone()).await
+}
+
+/// Ends the row's current attempt with a cause the row itself does not
+/// keep (it goes back to `pending`): `retry`, `lease_expired` or
+/// `output_invalid`.
+async fn end_attempt(
+    tx: &mut Tx<'_>,
+    community: &str,
+    d: &Delivery,
+    now: i64,
+    outcome: &str,
+    code: Option<String>,
+    message: Option<String>,
+) -> Result<(), StoreError> {
     tx.exec(
         Q::new(
             "UPDATE delivery_attempts SET finished_at = $4, outcome = $5, failure_code = $6, failure_message = $7 \
@@ -450,7 +598,7 @@ async fn to_pending(
         .bind(now)
         .bind(outcome)
         .bind(code)
-        .bind(agent.1.clone()),
+        .bind(message.map(|m| m.chars().take(1024).collect::<String>())),
     )
     .await?;
     Ok(())
@@ -616,7 +764,7 @@ pub(crate) async fn operate(
         } => Q::new(
             "UPDATE workflow_agent_deliveries SET status = 'pending', claim_token = NULL, \
              claim_expires_at = NULL, next_attempt_at = $5, expires_at = $6, max_attempts = $4, \
-             failure_code = NULL, failure_message = NULL, updated_at = $5 \
+             failure_code = NULL, failure_message = NULL, output_errors = NULL, updated_at = $5 \
              WHERE community_id = $1 AND id = $2 AND status = $3",
         )
         .bind(community)

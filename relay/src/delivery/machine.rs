@@ -12,6 +12,9 @@
 //! pending --lifetime over--> expired
 //! pending|claimed --channel deleted / workflow disabled--> cancelled
 //! pending|claimed --canceldelivery (operator or owner)--> cancelled
+//! claimed --finish delivered, answer does not fit the output--> pending (revising)
+//! pending (revising) --the step revises: revisions left--> pending (reissued)
+//!                    --the step revises: none left--> failed (output_invalid)
 //! failed|expired|cancelled --retrydelivery--> pending (fresh budget and lifetime)
 //! ```
 //!
@@ -36,6 +39,9 @@ pub struct State<'a> {
     /// The claim said it records its operations (a lapsed lease with no
     /// recorded write may then be redelivered).
     pub records_operations: bool,
+    /// Its answer was refused (it did not fit the step's output) and the
+    /// step has not revised it yet: not claimable until then.
+    pub revising: bool,
 }
 
 /// What happens to a row.
@@ -52,13 +58,18 @@ pub enum Event<'a> {
         lease_secs: i64,
     },
     /// `backoff_secs`: the wait before the next attempt after a retry of
-    /// this attempt.
+    /// this attempt; `fits`: the reply fits the step's output (or it has
+    /// none).
     Finish {
         is_target: bool,
         token: &'a str,
         outcome: Outcome,
         backoff_secs: i64,
+        fits: bool,
     },
+    /// The step looks at a row whose answer was refused: `left`, it may
+    /// ask again (revisions remain).
+    Revision { left: bool },
     /// The sweeper found the lease ended; `wrote`: the attempt recorded a
     /// write.
     LeaseLapsed { wrote: bool },
@@ -83,6 +94,8 @@ pub enum Failure {
     LeaseExpired,
     /// The agent said so (its code).
     Agent,
+    /// Its answers did not fit the step's output, and no revision is left.
+    OutputInvalid,
 }
 
 impl Failure {
@@ -91,6 +104,7 @@ impl Failure {
         match self {
             Failure::AttemptsExhausted => Some("attempts_exhausted"),
             Failure::LeaseExpired => Some("lease_expired"),
+            Failure::OutputInvalid => Some("output_invalid"),
             Failure::Agent => None,
         }
     }
@@ -113,6 +127,12 @@ pub enum Transition {
     Backoff { next_attempt_at: i64 },
     /// `claimed -> pending` at once (nothing was done).
     Redeliver,
+    /// `claimed -> pending`, revising: the answer did not fit the step's
+    /// output; the step then reissues or fails the row.
+    Revise,
+    /// `pending (revising) -> pending`, due now, with the step's revision
+    /// message as its message.
+    Reissue,
     /// `-> failed` (terminal, with a notice).
     Fail(Failure),
     /// `pending -> expired` (terminal, with a notice).
@@ -152,10 +172,19 @@ pub fn transition(s: &State<'_>, event: Event<'_>, now: i64) -> Result<Transitio
             token,
             outcome,
             backoff_secs,
+            fits,
         } => {
             fence(s, is_target, token, now)?;
-            Ok(finish(s, outcome, backoff_secs, now))
+            Ok(match outcome {
+                Outcome::Delivered if !fits => Transition::Revise,
+                _ => finish(s, outcome, backoff_secs, now),
+            })
         }
+        Event::Revision { left } => Ok(match (s.status, s.revising) {
+            (Status::Pending, true) if left => Transition::Reissue,
+            (Status::Pending, true) => Transition::Fail(Failure::OutputInvalid),
+            _ => Transition::Stays,
+        }),
         Event::LeaseLapsed { wrote } => Ok(lapse(s, wrote, now)),
         Event::LifetimeOver => Ok(if s.status == Status::Pending && s.expires_at <= now {
             Transition::Expire
@@ -229,14 +258,17 @@ pub enum Claimable {
     Due,
     /// The lease ends within the row's lifetime: `expires_at >= lease_end`.
     LeaseFits,
+    /// No refused answer waits for its revision: `output_errors IS NULL`.
+    NotRevising,
 }
 
 /// The claim rule, in the order the machine tests it.
-pub const CLAIM_RULE: [Claimable; 4] = [
+pub const CLAIM_RULE: [Claimable; 5] = [
     Claimable::Target,
     Claimable::Pending,
     Claimable::Due,
     Claimable::LeaseFits,
+    Claimable::NotRevising,
 ];
 
 impl Claimable {
@@ -247,6 +279,7 @@ impl Claimable {
             Claimable::Pending => s.status == Status::Pending,
             Claimable::Due => s.next_attempt_at <= now,
             Claimable::LeaseFits => s.expires_at >= lease_end,
+            Claimable::NotRevising => !s.revising,
         }
     }
 }
@@ -320,6 +353,7 @@ mod tests {
             next_attempt_at: NOW - 10,
             expires_at: NOW + 100,
             records_operations: false,
+            revising: false,
         }
     }
 
@@ -345,6 +379,7 @@ mod tests {
             token: "t",
             outcome,
             backoff_secs: 5,
+            fits: true,
         }
     }
 
@@ -457,6 +492,67 @@ mod tests {
                 claimed(),
                 finish(Outcome::Failed),
                 Ok(T::Fail(Failure::Agent)),
+            ),
+            // answers that do not fit the step's output
+            (
+                "finish delivered, the answer does not fit",
+                claimed(),
+                Event::Finish {
+                    is_target: true,
+                    token: "t",
+                    outcome: Outcome::Delivered,
+                    backoff_secs: 5,
+                    fits: false,
+                },
+                Ok(T::Revise),
+            ),
+            (
+                "finish failed says nothing of an answer",
+                claimed(),
+                Event::Finish {
+                    is_target: true,
+                    token: "t",
+                    outcome: Outcome::Failed,
+                    backoff_secs: 5,
+                    fits: false,
+                },
+                Ok(T::Fail(Failure::Agent)),
+            ),
+            (
+                "revision, some left",
+                with(pending(), |s| s.revising = true),
+                Event::Revision { left: true },
+                Ok(T::Reissue),
+            ),
+            (
+                "revision, none left",
+                with(pending(), |s| s.revising = true),
+                Event::Revision { left: false },
+                Ok(T::Fail(Failure::OutputInvalid)),
+            ),
+            (
+                "revision of a row already reissued",
+                pending(),
+                Event::Revision { left: true },
+                Ok(T::Stays),
+            ),
+            (
+                "revision of a cancelled row",
+                with(pending(), |s| {
+                    s.revising = true;
+                    s.status = Status::Cancelled
+                }),
+                Event::Revision { left: true },
+                Ok(T::Stays),
+            ),
+            (
+                "claim of a row waiting for its revision",
+                with(pending(), |s| s.revising = true),
+                Event::Claim {
+                    is_target: true,
+                    lease_secs: 30,
+                },
+                Ok(T::NotDue),
             ),
             // lapsed leases
             (
@@ -585,6 +681,7 @@ mod tests {
                     token,
                     outcome: Outcome::Delivered,
                     backoff_secs: 5,
+                    fits: true,
                 },
             ]
         };
@@ -727,6 +824,7 @@ mod tests {
             token: "t",
             outcome: Outcome::Retry,
             backoff_secs: i64::MAX,
+            fits: true,
         };
         assert_eq!(
             transition(&claimed(), far, NOW),

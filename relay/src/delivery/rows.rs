@@ -4,6 +4,7 @@
 
 use nostr::prelude::PublicKey;
 use protocol::api::{ClaimedDelivery, DeliveryStatus as Status, DeliveryView, Outcome};
+use protocol::workflow::OutputSchema;
 use serde_json::Value;
 
 use crate::delivery::machine;
@@ -17,7 +18,8 @@ pub(crate) const COLS: &str =
     "id, workflow_id, run_id, step_id, target_pubkey, channel, definition_event_id, \
     message_event_id, status, attempt, max_attempts, claim_token, claim_expires_at, records_operations, \
     next_attempt_at, expires_at, trigger_context, execution_trace, failure_code, failure_message, \
-    reply_event_id, finished_token, finished_outcome, finished_status, created_at, updated_at, awaited";
+    reply_event_id, finished_token, finished_outcome, finished_status, created_at, updated_at, awaited, \
+    output_schema, revision, output_errors";
 
 /// A delivery row.
 #[derive(Debug, Clone)]
@@ -50,6 +52,12 @@ pub struct Delivery {
     pub updated_at: i64,
     /// A row of an `ask_agent` step: its end wakes the waiting run.
     pub awaited: bool,
+    /// The shape its answer must have (the step's `output`, as JSON).
+    pub output_schema: Option<String>,
+    /// Which revision of the step's message it is on (0: the step's own).
+    pub revision: i64,
+    /// Why its last answer was refused, until the step revises it.
+    pub output_errors: Option<String>,
 }
 
 pub(crate) fn delivery(r: &Row) -> Result<Delivery, StoreError> {
@@ -87,6 +95,9 @@ pub(crate) fn delivery(r: &Row) -> Result<Delivery, StoreError> {
         created_at: r.int("created_at")?,
         updated_at: r.int("updated_at")?,
         awaited: r.bool("awaited")?,
+        output_schema: r.opt_text("output_schema")?,
+        revision: r.int("revision")?,
+        output_errors: r.opt_text("output_errors")?,
     })
 }
 
@@ -102,7 +113,17 @@ impl Delivery {
             next_attempt_at: self.next_attempt_at,
             expires_at: self.expires_at,
             records_operations: self.records_operations,
+            revising: self.output_errors.is_some(),
         }
+    }
+
+    /// The shape its answer must have, if any (a stored schema that no
+    /// longer reads is handed out as none: the agent, which compares it
+    /// with the definition's, then refuses the delivery).
+    pub fn output(&self) -> Option<OutputSchema> {
+        self.output_schema
+            .as_deref()
+            .and_then(|json| serde_json::from_str(json).ok())
     }
 
     /// Whether `caller` is the row's target.
@@ -128,6 +149,8 @@ impl Delivery {
             expires_at: self.expires_at,
             trigger_context: serde_json::from_str::<Value>(&self.trigger_context).unwrap_or(Value::Null),
             execution_trace: serde_json::from_str::<Value>(&self.execution_trace).unwrap_or(Value::Null),
+            output: self.output(),
+            revision: u32::try_from(self.revision).unwrap_or(u32::MAX),
         })
     }
 
@@ -332,7 +355,7 @@ mod tests {
             "target_pubkey" | "definition_event_id" | "message_event_id" => Val::Blob(vec![7; 32]),
             "status" => Val::Text("claimed".into()),
             "attempt" | "max_attempts" | "next_attempt_at" | "expires_at" | "created_at" | "updated_at"
-            | "claim_expires_at" => Val::Int(col.len() as i64),
+            | "claim_expires_at" | "revision" => Val::Int(col.len() as i64),
             "records_operations" | "awaited" => Val::Bool(true),
             "reply_event_id" | "finished_token" | "finished_outcome" | "finished_status" | "failure_code"
             | "failure_message" => Val::Null,

@@ -6,7 +6,8 @@ use nostr::prelude::Event;
 use protocol::api::DeliveryStatus;
 use protocol::workflow::{AskAgent, AskOutput, AskReply, AskStatus, Wait};
 
-use super::message::{post, Addressed, Rows};
+use super::message::{post, stored_message, Addressed, Rows};
+use super::revision::revise_refused;
 use super::step::{json_of, Failure, Next, RunStep, StepCtx, StepOutcome};
 use crate::faults;
 use crate::persistence::db::{named, Tx, Q};
@@ -20,7 +21,7 @@ impl RunStep for AskAgent {
             Err(why) => return Ok(c.failed(self, None, why, self.on_failure)),
         };
         if step_rows(tx, c).await?.is_empty() {
-            let output = ask_output(&message.id.to_hex(), AskStatus::Failed, &[]);
+            let output = output_of(self, &message.id.to_hex(), AskStatus::Failed, &[]);
             let why = Failure::new(
                 "no_agent",
                 "no recipient of the step is a managed agent in the channel",
@@ -32,8 +33,12 @@ impl RunStep for AskAgent {
         })
     }
 
-    async fn resume(&self, tx: &mut Tx<'_>, c: &StepCtx<'_>, _: &mut StepOutcome) -> Result<Next, StoreError> {
+    async fn resume(&self, tx: &mut Tx<'_>, c: &StepCtx<'_>, out: &mut StepOutcome) -> Result<Next, StoreError> {
         let deadline = c.run.step_started_at.unwrap_or(c.now).saturating_add(self.timeout());
+        // Answers refused since it last looked: asked again, or failed.
+        if c.now < deadline {
+            revise_refused(tx, c, self, out).await?;
+        }
         let rows = step_rows(tx, c).await?;
         let statuses: Vec<DeliveryStatus> = rows.iter().map(|r| r.status).collect();
         let Some(status) = decide(self.wait, &statuses, c.now >= deadline) else {
@@ -54,12 +59,13 @@ impl RunStep for AskAgent {
         } else {
             rows
         };
-        // A waiting ask has rows (none fails it at once, `no_agent`).
-        let message_id = rows
-            .first()
-            .map(|r| hex::encode(r.message_event_id))
-            .ok_or_else(|| StoreError::Corrupt("a waiting ask_agent step has no deliveries".into()))?;
-        let output = ask_output(&message_id, status, &rows);
+        // A waiting ask posted its message (and has rows: none fails it
+        // at once, `no_agent`).
+        let message = stored_message(tx, c.community, c.run_id, &self.id).await?;
+        let message_id = message
+            .map(|m| m.id.to_hex())
+            .ok_or_else(|| StoreError::Corrupt("a waiting ask_agent step has no message".into()))?;
+        let output = output_of(self, &message_id, status, &rows);
         Ok(match status {
             AskStatus::Delivered => c.done(self, &output),
             AskStatus::Failed => c.failed(self, Some(&output), agent_failed(&rows), self.on_failure),
@@ -94,8 +100,6 @@ pub(crate) struct StepRow {
     pub(crate) target: [u8; 32],
     pub(crate) status: DeliveryStatus,
     pub(crate) failure_code: Option<String>,
-    /// The step's message (the same for every row of the step).
-    pub(crate) message_event_id: [u8; 32],
     pub(crate) reply: Option<Event>,
 }
 
@@ -105,7 +109,7 @@ pub(crate) async fn step_rows(tx: &mut Tx<'_>, c: &StepCtx<'_>) -> Result<Vec<St
     let rows = tx
         .all(
             Q::new(
-                "SELECT d.id, d.target_pubkey, d.status, d.failure_code, d.message_event_id, e.raw \
+                "SELECT d.id, d.target_pubkey, d.status, d.failure_code, e.raw \
                  FROM workflow_agent_deliveries d \
                  LEFT JOIN events e ON e.community_id = d.community_id AND e.id = d.reply_event_id \
                  WHERE d.community_id = $1 AND d.run_id = $2 AND d.step_id = $3 ORDER BY d.updated_at, d.id",
@@ -123,7 +127,6 @@ pub(crate) async fn step_rows(tx: &mut Tx<'_>, c: &StepCtx<'_>) -> Result<Vec<St
                 target: r.id32("target_pubkey")?,
                 status: named(&r.text("status")?, DeliveryStatus::parse)?,
                 failure_code: r.opt_text("failure_code")?,
-                message_event_id: r.id32("message_event_id")?,
                 reply,
             })
         })
@@ -149,8 +152,17 @@ async fn cancel_open_rows(tx: &mut Tx<'_>, c: &StepCtx<'_>, code: &str) -> Resul
     Ok(())
 }
 
-/// An `ask_agent` step's output: its status, the first delivered reply's
-/// text, and every row's reply.
+/// The step's output: its status, the first delivered reply's text (and,
+/// with an `output`, its properties), and every row's reply.
+fn output_of(ask: &AskAgent, message_id: &str, status: AskStatus, rows: &[StepRow]) -> AskOutput {
+    let mut output = ask_output(message_id, status, rows);
+    if let Some(schema) = &ask.output {
+        output.fields = schema.answer_fields(&output.reply);
+    }
+    output
+}
+
+/// An `ask_agent` step's output without its answer's properties.
 fn ask_output(message_id: &str, status: AskStatus, rows: &[StepRow]) -> AskOutput {
     let text = |r: &StepRow| r.reply.as_ref().map_or(String::new(), |e| e.content.clone());
     let reply = rows
@@ -173,6 +185,7 @@ fn ask_output(message_id: &str, status: AskStatus, rows: &[StepRow]) -> AskOutpu
         status,
         reply,
         replies,
+        fields: serde_json::Map::new(),
     }
 }
 

@@ -540,6 +540,7 @@ mod tests {
                 next_attempt_at: 0,
                 expires_at: 100,
                 records_operations: false,
+                revising: false,
             };
             let cancels = transition(&row, Event::Cancel, 5) == Ok(Transition::Cancel);
             let touched = ACTIVE_ROWS.contains(&format!("'{}'", status.as_str()));

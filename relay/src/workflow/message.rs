@@ -18,7 +18,7 @@ use crate::persistence::db::{Tx, Q};
 use crate::persistence::StoreError;
 use crate::workflow::definitions::new_id;
 
-/// Delivery rows in one insert, at most (20 binds a row: within both
+/// Delivery rows in one insert, at most (21 binds a row: within both
 /// backends' bind limits).
 const MAX_ROWS_PER_INSERT: usize = 500;
 
@@ -33,6 +33,8 @@ struct Binding<'a> {
     pub(crate) recipients: Vec<PublicKey>,
     /// Tags after the workflow message's own (an approval request's mark).
     pub(crate) extra_tags: Vec<Tag>,
+    /// The shape its rows' answers must have (JSON), if the step has one.
+    pub(crate) output: Option<String>,
 }
 
 /// Renders and signs a step's message, under the same admission rule as
@@ -163,6 +165,7 @@ pub(crate) async fn post(
         reply_in_thread: addressed.in_thread,
         recipients: addressed.to,
         extra_tags: addressed.extra_tags,
+        output: c.step().output().map(|o| o.to_value().to_string()),
     };
     let limits = c.env.limits;
     let message = match step_message(tx, c.community, c.keys, &binding, &template, c.now, limits).await? {
@@ -202,20 +205,8 @@ async fn step_message(
     now: i64,
     limits: &Limits,
 ) -> Result<Made, StoreError> {
-    let existing = tx
-        .one(
-            Q::new(
-                "SELECT e.raw FROM workflow_step_messages m JOIN events e \
-                 ON e.community_id = m.community_id AND e.id = m.event_id \
-                 WHERE m.community_id = $1 AND m.run_id = $2 AND m.step_id = $3",
-            )
-            .bind(community)
-            .bind(b.run_id)
-            .bind(b.step_id),
-        )
-        .await?;
-    if let Some(row) = existing {
-        return Ok(Made::Found(json_of(&row.text(0)?)?));
+    if let Some(message) = stored_message(tx, community, b.run_id, b.step_id).await? {
+        return Ok(Made::Found(message));
     }
     let (ev, raw) = match sign_message(keys, b, template, now, limits)? {
         Ok(signed) => signed,
@@ -244,6 +235,28 @@ async fn step_message(
     .await?;
     faults::check("step:after_event")?;
     Ok(Made::New(ev, raw))
+}
+
+/// The message a step of a run posted, once it has.
+pub(crate) async fn stored_message(
+    tx: &mut Tx<'_>,
+    community: &str,
+    run_id: &str,
+    step_id: &str,
+) -> Result<Option<Event>, StoreError> {
+    let row = tx
+        .one(
+            Q::new(
+                "SELECT e.raw FROM workflow_step_messages m JOIN events e \
+                 ON e.community_id = m.community_id AND e.id = m.event_id \
+                 WHERE m.community_id = $1 AND m.run_id = $2 AND m.step_id = $3",
+            )
+            .bind(community)
+            .bind(run_id)
+            .bind(step_id),
+        )
+        .await?;
+    row.map(|r| json_of(&r.text(0)?)).transpose()
 }
 
 /// The message's `p` recipients, each once, in order.
@@ -334,12 +347,12 @@ async fn insert_rows(
     now: i64,
     awaited: bool,
 ) -> Result<Vec<[u8; 32]>, StoreError> {
-    const COLS: usize = 20;
+    const COLS: usize = 21;
     let mut q = Q::new(
         "INSERT INTO workflow_agent_deliveries (community_id, id, workflow_id, run_id, step_id, \
          target_pubkey, channel, definition_event_id, message_event_id, message_created_at, status, \
          attempt, max_attempts, next_attempt_at, expires_at, trigger_context, execution_trace, \
-         created_at, updated_at, awaited) VALUES ",
+         created_at, updated_at, awaited, output_schema) VALUES ",
     );
     let expires = now.saturating_add(i64::try_from(cfg.lifetime_secs).unwrap_or(i64::MAX));
     let (context, trace) = (b.run.trigger_context.to_string(), b.run.trace_json().to_string());
@@ -366,7 +379,8 @@ async fn insert_rows(
             .bind(trace.as_str())
             .bind(now)
             .bind(now)
-            .bind(awaited);
+            .bind(awaited)
+            .bind(crate::persistence::sql::Bind::OptText(b.output.clone()));
     }
     debug_assert_eq!(q.binds.len(), rows.len() * COLS);
     q.sql.push_str(

@@ -6,8 +6,9 @@
 //! message and delivery rows (`message`), runs as listed and shown
 //! (`views`), approvals decided by reactions (`approvals`), webhook calls
 //! recorded before they are sent (`outcalls`), reruns of ended runs from
-//! the step they ended at (`rerun`). Each rule decides inside the writing
-//! transaction.
+//! the step they ended at (`rerun`), revisions of agents' answers that do
+//! not fit an `ask_agent` step's output (`revision`). Each rule decides
+//! inside the writing transaction.
 //!
 //! May use: `delivery`, `events`, `persistence`, `refusal`, `admission`,
 //! `config`.
@@ -17,6 +18,7 @@ pub mod definitions;
 pub mod message;
 pub mod outcalls;
 pub mod rerun;
+pub mod revision;
 pub mod runs;
 pub mod step;
 pub mod triggers;

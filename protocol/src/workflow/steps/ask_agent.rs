@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{seconds_or, Checking, OnFailure, StepKind, Wait};
 use crate::api::DeliveryStatus;
-use crate::workflow::DefinitionError;
+use crate::workflow::{DefinitionError, OutputSchema, DEFAULT_REVISE, MAX_REVISE};
 
 /// Shortest and longest wait of an `ask_agent` step, and its default.
 pub const ASK_TIMEOUT_SECS: std::ops::RangeInclusive<u64> = 60..=604_800;
@@ -27,12 +27,24 @@ pub struct AskAgent {
     pub on_failure: OnFailure,
     #[serde(rename = "if", default, skip_serializing_if = "Option::is_none")]
     pub condition: Option<String>,
+    /// The answer's shape (a JSON Schema subset, `output.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<OutputSchema>,
+    /// How many times an answer that does not fit `output` is sent back
+    /// to the agent with the errors (0 to 5, default 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revise: Option<u8>,
 }
 
 impl AskAgent {
     /// How long the step waits, in seconds (its default when unset).
     pub fn timeout(&self) -> i64 {
         seconds_or(self.timeout_secs, DEFAULT_ASK_TIMEOUT_SECS)
+    }
+
+    /// How many revisions an answer that does not fit may get.
+    pub fn revisions(&self) -> u8 {
+        self.revise.unwrap_or(DEFAULT_REVISE)
     }
 }
 
@@ -55,6 +67,10 @@ pub struct AskOutput {
     pub reply: String,
     /// Every delivery's end, in the order they ended.
     pub replies: Vec<AskReply>,
+    /// With an `output`: the properties of the first delivered answer
+    /// (`steps.<id>.output.<property>`).
+    #[serde(flatten)]
+    pub fields: serde_json::Map<String, serde_json::Value>,
 }
 
 /// One delivery of an `ask_agent` step, as its output lists it.
@@ -86,8 +102,19 @@ impl StepKind for AskAgent {
     fn message(&self) -> Option<(&str, bool)> {
         Some((&self.text, self.reply_in_thread))
     }
+    fn output(&self) -> Option<&OutputSchema> {
+        self.output.as_ref()
+    }
     fn check(&self, at: &Checking<'_>) -> Result<(), DefinitionError> {
         at.seconds("timeout_secs", self.timeout_secs, ASK_TIMEOUT_SECS)?;
+        if let Some(output) = &self.output {
+            output.check().map_err(|why| at.field("output", why))?;
+        }
+        match self.revise {
+            Some(n) if n > MAX_REVISE => return Err(at.field("revise", format!("{n} is over {MAX_REVISE}"))),
+            Some(_) if self.output.is_none() => return Err(at.field("revise", "needs an output to check answers")),
+            _ => {}
+        }
         if at.template.is_some_and(|t| crate::template::mentions(t).is_empty()) {
             let why = "must mention at least one agent (nostr:npub1… or nostr:nprofile1…)";
             return Err(at.field("text", why));

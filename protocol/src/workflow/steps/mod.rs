@@ -9,13 +9,14 @@
 //! new kind is one line there, one file here and one file in
 //! relay/src/workflow/.
 
+use std::borrow::Cow;
 use std::sync::OnceLock;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::DefinitionError;
+use super::{DefinitionError, OutputSchema};
 use crate::condition::{StepShape, Ty};
 use crate::template::Template;
 
@@ -57,6 +58,12 @@ pub trait StepKind {
     /// Its checks at publish beyond its JSON's (bounds, templates, URLs),
     /// each error naming its field.
     fn check(&self, at: &Checking<'_>) -> Result<(), DefinitionError>;
+
+    /// The shape its agents' answers must have, when it asks for one
+    /// (its properties join the output's fields).
+    fn output(&self) -> Option<&OutputSchema> {
+        None
+    }
 }
 
 /// What a step's checks at publish may look at.
@@ -194,6 +201,7 @@ trait Kind {
     fn text(&self) -> Option<&str>;
     fn message(&self) -> Option<(&str, bool)>;
     fn check(&self, at: &Checking<'_>) -> Result<(), DefinitionError>;
+    fn output(&self) -> Option<&OutputSchema>;
 }
 
 impl<K: StepKind> Kind for K {
@@ -211,6 +219,9 @@ impl<K: StepKind> Kind for K {
     }
     fn check(&self, at: &Checking<'_>) -> Result<(), DefinitionError> {
         StepKind::check(self, at)
+    }
+    fn output(&self) -> Option<&OutputSchema> {
+        StepKind::output(self)
     }
 }
 
@@ -240,11 +251,21 @@ impl Step {
         self.kind().check(at)
     }
 
-    /// What later steps' conditions may read of this one.
+    /// The shape of its agents' answers, if it asks for one.
+    pub fn output(&self) -> Option<&OutputSchema> {
+        self.kind().output()
+    }
+
+    /// What later steps' conditions may read of this one: its kind's
+    /// output fields, and its answers' properties.
     pub fn shape(&self) -> StepShape<'_> {
+        let fields = self.action().output_fields();
         StepShape {
             id: self.id(),
-            fields: self.action().output_fields(),
+            fields: match self.output() {
+                None => Cow::Borrowed(fields),
+                Some(o) => Cow::Owned(fields.iter().cloned().chain(o.fields()).collect()),
+            },
         }
     }
 }
