@@ -16,6 +16,7 @@ use crate::delivery::deliveries;
 use crate::delivery::rows::{load, Delivery};
 use crate::events::rules as events;
 use crate::events::InsertOutcome;
+use crate::faults;
 use crate::persistence::db::{Tx, Q};
 use crate::persistence::StoreError;
 
@@ -39,6 +40,9 @@ pub(crate) async fn revise_refused(
         };
         let (_, notice) =
             deliveries::revise(tx, c.community, c.keys, &d, message.as_ref().map(|m| &m.0), c.now).await?;
+        // Test-only: die in the transaction that revises (after the
+        // refused finish committed and woke the run).
+        faults::check("revision:after_reissue")?;
         out.published.extend(notice);
         if let Some((ev, raw)) = message {
             out.new_deliveries.push(NewDelivery {

@@ -111,10 +111,13 @@ enum Point {
     /// In the transaction that ends an approval step, after the decision
     /// committed (the run waited for it).
     RelayWhileAwaitingApproval,
+    /// In the transaction that posts the revision of a refused answer,
+    /// after the refusing finish committed.
+    RelayWhileRevising,
     Random,
 }
 
-const POINTS: [Point; 16] = [
+const POINTS: [Point; 17] = [
     Point::AgentBeforeClaim,
     Point::AgentAfterClaim,
     Point::AgentAfterRecordedWrite,
@@ -130,6 +133,7 @@ const POINTS: [Point; 16] = [
     Point::RelayAfterWebhookSend,
     Point::RelayAfterWebhookAnswer,
     Point::RelayWhileAwaitingApproval,
+    Point::RelayWhileRevising,
     Point::Random,
 ];
 
@@ -164,6 +168,7 @@ impl Point {
             Point::RelayAfterWebhookSend => ("relay", "webhook:after_send=kill*1"),
             Point::RelayAfterWebhookAnswer => ("relay", "webhook:after_answer=kill*1"),
             Point::RelayWhileAwaitingApproval => ("relay", "approval:before_end=kill*1"),
+            Point::RelayWhileRevising => ("relay", "revision:after_reissue=kill*1"),
             Point::Random => return None,
         })
     }
@@ -414,15 +419,32 @@ fn handler_script(store: &Store, fails: bool) -> (String, PathBuf) {
     let dir = store.dir.path();
     let side_log = dir.join("side-effects.log");
     let script = dir.join("side-effect.sh");
-    // The side effect: one line per delivery, appended (then the reply).
-    // Sabotaged, it fails before any.
-    let fail = if fails { "echo sabotaged >&2; exit 1\n" } else { "" };
+    // The side effect: one line per delivery and revision, appended.
+    // The answer: not JSON on the step's message (refused: the step asks
+    // again), the step's output on its revision. Sabotaged, it fails
+    // before any.
+    let fail = if fails {
+        "import sys; print('sabotaged', file=sys.stderr); sys.exit(1)\n"
+    } else {
+        ""
+    };
+    let program = dir.join("side-effect.py");
+    std::fs::write(
+        &program,
+        format!(
+            "{fail}import json, sys\nd = json.load(sys.stdin)\n\
+             with open({log:?}, 'a') as log:\n\
+             \x20   for m in d['messages']:\n\
+             \x20       log.write(f\"{{m['delivery_id']}} {{m['revision']}}\\n\")\n\
+             revised = all(m['revision'] > 0 for m in d['messages'])\n\
+             print(json.dumps({{'done': True}}) if revised else 'done')\n",
+            log = side_log.display().to_string()
+        ),
+    )
+    .expect("program");
     std::fs::write(
         &script,
-        format!(
-            "#!/bin/sh\n{fail}python3 -c 'import json,sys; d=json.load(sys.stdin); print(\"\\n\".join(m[\"delivery_id\"] for m in d[\"messages\"]))' >> {}\necho done\n",
-            side_log.display()
-        ),
+        format!("#!/bin/sh\nexec python3 {}\n", program.display()),
     )
     .expect("script");
     (
@@ -466,7 +488,8 @@ async fn lane(backend: &Backend, two_relays: bool, sabotage: Option<Sabotage>) -
     let chaos = fx.define(
         "chaos",
         &serde_json::json!({"name": "chaos", "trigger": {"on": "message_posted"}, "steps": [
-            {"id": "ask", "action": "ask_agent", "text": format!("{} work on {{{{trigger.text}}}}", fx.mention(0))},
+            {"id": "ask", "action": "ask_agent", "text": format!("{} work on {{{{trigger.text}}}}", fx.mention(0)),
+             "output": {"type": "object", "required": ["done"], "properties": {"done": {"type": "boolean"}}}, "revise": 1},
             {"id": "pause", "action": "delay", "secs": 1},
             {"id": "call", "action": "call_webhook", "url": hooks.url("/call"), "retry": true, "timeout_secs": 2,
              "body": {"text": "{{trigger.text}}", "reply": "{{steps.ask.output.reply}}"}},
@@ -767,8 +790,14 @@ async fn check(lane: &Lane, point: &str, tag: &str, acked: &[String], c: &mut Co
     }
     for r in &rows {
         let (id, status, msg) = (&r[0], r[1].as_str(), hexcol(&r[3]));
-        let effects = side.lines().filter(|l| l.trim() == id).count();
-        if effects > 1 {
+        // One side effect per revision of the delivery's message.
+        let mine: Vec<&str> = side
+            .lines()
+            .map(str::trim)
+            .filter(|l| l.split(' ').next() == Some(id.as_str()))
+            .collect();
+        let effects = mine.len();
+        if mine.iter().enumerate().any(|(i, l)| mine[..i].contains(l)) {
             c.duplicate_side_effects += 1;
         }
         if status == "delivered" && effects == 0 {
