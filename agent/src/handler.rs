@@ -242,9 +242,12 @@ async fn exec(
         return turn.same(Outcome::Retry(e));
     }
     let input = exec_input(turn);
+    // The command continues the run's trace (W3C `TRACEPARENT`): the first
+    // delivery's span; each delivery's own is in its stdin entry.
+    let trace = turn.items.first().and_then(|i| i.delivery.traceparent.as_deref());
     let ran = tokio::select! {
         _ = cancel.cancelled() => return turn.same(Outcome::Interrupted("lease lost; turn cancelled".into())),
-        r = tokio::time::timeout(timeout, run_command(command, &input)) => match r {
+        r = tokio::time::timeout(timeout, run_command(command, &input, trace)) => match r {
             Err(_) => return turn.same(Outcome::Interrupted(format!("handler timed out after {timeout:?}"))),
             Ok(r) => r,
         },
@@ -274,6 +277,7 @@ fn exec_input(turn: &Turn) -> serde_json::Value {
             "execution_trace": i.delivery.execution_trace,
             "output": i.delivery.output,
             "revision": i.delivery.revision,
+            "traceparent": i.delivery.traceparent,
         })).collect::<Vec<_>>(),
     })
 }
@@ -287,8 +291,16 @@ struct Ran {
 
 /// Runs the command with `input` on stdin; `Err` is the outcome when it
 /// could not run or be waited for.
-async fn run_command(command: &[String], input: &serde_json::Value) -> Result<Ran, Outcome> {
-    let mut child = tokio::process::Command::new(&command[0])
+async fn run_command(
+    command: &[String],
+    input: &serde_json::Value,
+    trace: Option<&str>,
+) -> Result<Ran, Outcome> {
+    let mut cmd = tokio::process::Command::new(&command[0]);
+    if let Some(traceparent) = trace.filter(|t| protocol::trace::TraceParent::parse(t).is_some()) {
+        cmd.env("TRACEPARENT", traceparent);
+    }
+    let mut child = cmd
         .args(&command[1..])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -587,6 +599,7 @@ mod tests {
                 execution_trace: json!([]),
                 output: None,
                 revision: 0,
+                traceparent: None,
             },
             message: EventBuilder::new(Kind::from_u16(9), format!("msg {id}"))
                 .finalize(&keys)

@@ -350,6 +350,7 @@ mod tests {
             execution_trace: json!([]),
             output: None,
             revision: 0,
+            traceparent: None,
         };
         World {
             relay,

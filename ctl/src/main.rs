@@ -568,6 +568,7 @@ async fn runs(relay: &Relay, out: Out, command: RunsCommand) -> anyhow::Result<(
                 ("status", run.status.as_str().to_string()),
                 ("cause", format!("{} {}", run.cause.kind.as_str(), run.cause.id)),
                 ("rerun_by", or_dash(run.rerun_by.as_deref())),
+                ("trace_id", or_dash(run.trace_id.as_deref())),
                 ("created_at", when(Some(run.created_at), now)),
                 ("updated_at", when(Some(run.updated_at), now)),
                 ("wake_at", when(run.wake_at, now)),

@@ -217,6 +217,10 @@ pub struct ClaimedDelivery {
     /// revision message (tagged `["workflow-revision", "n"]`).
     #[serde(default)]
     pub revision: u32,
+    /// The delivery's span in its run's trace (W3C `traceparent`): the
+    /// agent's work continues the run's trace from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// The answer to a claim: the delivery, or `null` when none was due.
@@ -524,6 +528,11 @@ pub struct RunView {
     /// (a run is rerun at most once; rerun the rerun to go again).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rerun_by: Option<String>,
+    /// Only when one run is shown: its trace (W3C trace id, 32 hex
+    /// digits); every webhook call and delivery of the run carries a
+    /// `traceparent` in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
 }
 
 /// `GET /workflows/<id>/runs`

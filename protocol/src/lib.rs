@@ -20,6 +20,7 @@ pub mod schedule;
 pub mod search;
 pub mod sign;
 pub mod template;
+pub mod trace;
 pub mod webhook;
 pub mod workflow;
 

@@ -104,7 +104,7 @@ async fn claim(State(state): State<Arc<AppState>>, auth: AuthedCall) -> Response
         }
     }
     answer(r, |d| ClaimAnswer {
-        delivery: d.and_then(|d| d.claim_view()),
+        delivery: d.and_then(|d| d.claim_view(community)),
     })
 }
 

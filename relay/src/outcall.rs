@@ -240,6 +240,9 @@ impl Outcaller {
             .header("Idempotency-Key", &call.idempotency_key)
             .timeout(call.timeout())
             .body(call.body.clone());
+        if let Some(traceparent) = &call.traceparent {
+            req = req.header("traceparent", traceparent);
+        }
         if let Some(secret) = &call.secret {
             let value = key
                 .open(&secret.sealed, community, &call.workflow_id, &secret.name)

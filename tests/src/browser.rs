@@ -198,12 +198,20 @@ impl Browser {
             .unwrap_or_else(|e| panic!("no {css} within {WAIT:?}: {e}"))
     }
 
+    /// Clicks the element matching `css`; found again when the page drew
+    /// it anew between the finding and the click (a live update), a
+    /// bounded number of times.
     pub async fn click(&self, css: &str) {
-        self.wait_for(css)
-            .await
-            .click()
-            .await
-            .unwrap_or_else(|e| panic!("click {css}: {e}"));
+        let mut last = None;
+        for _ in 0..5 {
+            match self.wait_for(css).await.click().await {
+                Ok(()) => return,
+                Err(e) if e.to_string().contains("stale element") => last = Some(e),
+                Err(e) => panic!("click {css}: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("click {css}: still stale: {last:?}");
     }
 
     /// Waits until the text of `css` contains `needle`; returns the text.

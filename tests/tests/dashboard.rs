@@ -469,6 +469,9 @@ async fn a_run_reads_as_a_timeline() {
     audit(&b, "a rerun").await;
     b.show(&format!("#/run/{bad}")).await;
     b.wait_text("#rerun-by", &rerun).await;
+    // Its trace id, as the API says.
+    b.wait_text("#trace-id", origin["trace_id"].as_str().expect("trace_id"))
+        .await;
     // The channel: the conversation, each workflow message with the state
     // of the delivery it carried, the agent's reply with what it answered.
     b.show("#/channels").await;

@@ -126,6 +126,15 @@ impl Delivery {
             .and_then(|json| serde_json::from_str(json).ok())
     }
 
+    /// Its span in its run's trace: `delivery:<id>` under its step's
+    /// (`protocol::trace`).
+    pub fn span(&self, community: &str) -> protocol::trace::TraceParent {
+        let trace = protocol::trace::run_trace_id(community, &self.run_id);
+        protocol::trace::step_span(&trace, &self.step_id)
+            .expect("a derived trace id is valid")
+            .child(&format!("delivery:{}", self.id))
+    }
+
     /// Whether `caller` is the row's target.
     pub(crate) fn for_caller(&self, caller: &PublicKey) -> bool {
         self.target == caller.to_bytes()
@@ -133,7 +142,7 @@ impl Delivery {
 
     /// The claim answer (docs/protocol.md, "Deliveries"); `None` for a row that
     /// is not claimed (it has no token).
-    pub fn claim_view(&self) -> Option<ClaimedDelivery> {
+    pub fn claim_view(&self, community: &str) -> Option<ClaimedDelivery> {
         Some(ClaimedDelivery {
             id: self.id.clone(),
             workflow_id: self.workflow_id.clone(),
@@ -151,6 +160,7 @@ impl Delivery {
             execution_trace: serde_json::from_str::<Value>(&self.execution_trace).unwrap_or(Value::Null),
             output: self.output(),
             revision: u32::try_from(self.revision).unwrap_or(u32::MAX),
+            traceparent: Some(self.span(community).header()),
         })
     }
 

@@ -101,6 +101,7 @@ async fn send_call(
         idempotency_key: protocol::webhook::idempotency_key(c.run_id, &step.id),
         secret: sealed,
         timeout_secs: timeout,
+        traceparent: Some(c.step_span().child(&format!("call:{attempt}")).header()),
     }));
     faults::check("webhook:after_record")?;
     Ok(Ok(deadline))

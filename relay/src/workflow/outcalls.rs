@@ -35,6 +35,8 @@ pub struct OutCall {
     /// The named secret, sealed, to sign the body with.
     pub secret: Option<SealedSecret>,
     pub timeout_secs: u64,
+    /// The attempt's span in the run's trace, sent as `traceparent`.
+    pub traceparent: Option<String>,
 }
 
 /// A secret as stored: its name and the sealed bytes.

@@ -275,6 +275,12 @@ impl StepCtx<'_> {
         &self.def.steps[self.index]
     }
 
+    /// The current step's span in the run's trace (`protocol::trace`).
+    pub(crate) fn step_span(&self) -> protocol::trace::TraceParent {
+        let trace = protocol::trace::run_trace_id(self.community, self.run_id);
+        protocol::trace::step_span(&trace, self.step().id()).expect("a derived trace id is valid")
+    }
+
     /// A trace entry for the current step ending now.
     pub(crate) fn entry(&self, status: StepStatus, output: Value, error: Option<&Failure>) -> TraceEntry {
         let started = if self.run.status == RunStatus::Waiting {

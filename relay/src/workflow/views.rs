@@ -277,6 +277,7 @@ fn run_view(r: &Row, trace: &str, def: Option<&Definition>) -> Result<RunView, S
         trigger_context: None,
         channel: None,
         rerun_by: None,
+        trace_id: None,
     })
 }
 
@@ -390,6 +391,7 @@ pub async fn show_run(tx: &mut Tx<'_>, community: &str, run_id: &str) -> Result<
     }
     run.trigger_context = Some(trigger);
     run.channel = Some(r.text("channel")?);
+    run.trace_id = Some(protocol::trace::run_trace_id(community, run_id));
     run.rerun_by = crate::workflow::rerun::rerun_by(tx, community, &run.workflow_id, run_id).await?;
     let waiting = run
         .steps
