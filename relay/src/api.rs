@@ -94,6 +94,17 @@ async fn claim(State(state): State<Arc<AppState>>, auth: AuthedCall) -> Response
     let community = &auth.tenant.community.id;
     let r = state.store.claim(community, auth.spend, auth.pubkey, req).await;
     if let Ok(Some(d)) = &r {
+        let span = d.span(community);
+        let now = crate::clock::unix_now() as i64;
+        let claim = span.child(&format!("claim:{}", d.attempt));
+        state.spans.emit([crate::spans::RunSpan::new(
+            format!("claim {}", d.id),
+            claim,
+            Some(span),
+            now,
+            now,
+        )
+        .with("workflow.delivery.attempt", d.attempt.to_string())]);
         let (to, code) = ("claimed", "");
         metrics::counter!(crate::telemetry::TRANSITIONS, "to" => to, "code" => code).increment(1);
         if d.attempt == 1 {
@@ -176,6 +187,7 @@ async fn finish(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth
             // Test-only: die after the commit, before the agent hears of it.
             let _ = crate::faults::check("finish:after_commit");
             let replied = !f.published.is_empty();
+            state.spans.emit(f.spans);
 
             for (ev, raw) in f.published {
                 state.publish(&community, Arc::new(ev), Arc::from(raw));

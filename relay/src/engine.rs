@@ -16,6 +16,7 @@ use futures_util::StreamExt;
 use nostr::prelude::{Event, EventBuilder, Keys, Kind, Timestamp};
 
 use crate::clock::unix_now;
+use crate::spans::RunSpan;
 use crate::state::AppState;
 use crate::workflow::outcalls::{CallAnswer, OutCall};
 use crate::workflow::step::{Env, Errand, NewDelivery};
@@ -159,10 +160,12 @@ fn spawn_call(state: &Arc<AppState>, community: &str, keys: &Keys, call: OutCall
         if crate::faults::check("webhook:before_send").is_err() {
             return;
         }
+        let sent_at = crate::clock::unix_now() as i64;
         let result = state
             .outcaller
             .send(&community, allow, &state.secrets, &call)
             .await;
+        state.spans.emit(call_span(&call, &result, sent_at));
         if let crate::workflow::outcalls::CallResult::Failed { code, message } = &result {
             tracing::warn!(
                 community,
@@ -189,6 +192,40 @@ fn spawn_call(state: &Arc<AppState>, community: &str, keys: &Keys, call: OutCall
             advance(&state, &community, &keys, &call.run_id).await;
         }
     });
+}
+
+/// The span of one call attempt (the `traceparent` it sent), under its
+/// step's.
+fn call_span(
+    call: &OutCall,
+    result: &crate::workflow::outcalls::CallResult,
+    sent_at: i64,
+) -> Option<RunSpan> {
+    use crate::workflow::outcalls::CallResult;
+    let ids = protocol::trace::TraceParent::parse(call.traceparent.as_deref()?)?;
+    let step = protocol::trace::step_span(&ids.trace_hex(), &call.step_id)?;
+    let mut span = RunSpan::new(
+        format!("call {}", call.step_id),
+        ids,
+        Some(step),
+        sent_at,
+        crate::clock::unix_now() as i64,
+    )
+    .with("http.request.method", call.method.as_str())
+    .with("url.full", call.url.clone())
+    .with("workflow.run_id", call.run_id.clone())
+    .with("workflow.call.attempt", call.attempt.to_string());
+    span.client = true;
+    match result {
+        CallResult::Answered { status, .. } => {
+            span = span.with("http.response.status_code", status.to_string());
+            if !(200..300).contains(status) {
+                span.error = Some(format!("http_{status}"));
+            }
+        }
+        CallResult::Failed { code, .. } => span.error = Some(code.clone()),
+    }
+    Some(span)
 }
 
 /// Records a call's answer and wakes its run, trying again (bounded)
@@ -225,6 +262,7 @@ async fn advance(state: &Arc<AppState>, community: &str, keys: &Keys, run_id: &s
         );
         match step {
             Ok(out) => {
+                state.spans.emit(out.spans);
                 announce(state, community, out.published);
                 wake_all(state, community, keys, &out.new_deliveries).await;
                 for errand in out.errands {

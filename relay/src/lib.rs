@@ -35,6 +35,7 @@ pub mod routes;
 pub mod secrets;
 pub mod server;
 pub mod shares;
+pub mod spans;
 pub mod state;
 pub mod store;
 pub mod telemetry;

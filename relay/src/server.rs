@@ -58,7 +58,11 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
         Some(addr) => Some(start_metrics(addr).await?),
         None => None,
     };
-    let state = Arc::new(AppState::new(cfg, store.clone(), secrets, outcaller));
+    let spans = crate::spans::Spans::start(cfg.otlp_endpoint.as_deref(), "relay")?;
+    let state = Arc::new(AppState {
+        spans,
+        ..AppState::new(cfg, store.clone(), secrets, outcaller)
+    });
 
     if metrics.is_some() {
         refresh_gauges(&state).await;

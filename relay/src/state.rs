@@ -65,6 +65,8 @@ pub struct AppState {
     pub moderation: crate::moderation::ModerationCache,
     /// Live search filters and words held by every connection together.
     pub live_searches: Arc<crate::livesearch::SearchLoad>,
+    /// Where runs' spans go (`otlp_endpoint`), or nowhere.
+    pub spans: crate::spans::Spans,
 }
 
 impl AppState {
@@ -101,6 +103,7 @@ impl AppState {
             outcaller: Arc::new(outcaller),
             engine_beat: std::sync::atomic::AtomicU64::new(0),
             live_searches,
+            spans: crate::spans::Spans::default(),
         }
     }
 

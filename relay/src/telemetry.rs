@@ -11,6 +11,7 @@
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 pub const CONNECTIONS: &str = "relay_connections";
+pub const TRACE_SPANS_DROPPED: &str = "relay_trace_spans_dropped_total";
 pub const EVENTS_RECEIVED: &str = "relay_events_received_total";
 pub const REQ_DURATION: &str = "relay_req_duration_seconds";
 pub const DELIVERIES: &str = "relay_deliveries";
@@ -46,6 +47,10 @@ fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_gauge!(CONNECTIONS, "open WebSocket connections");
     describe_counter!(EVENTS_RECEIVED, "EVENT messages answered, by outcome");
+    describe_counter!(
+        TRACE_SPANS_DROPPED,
+        "run trace spans not exported (queue full or export failed)"
+    );
     describe_histogram!(REQ_DURATION, Unit::Seconds, "REQ to EOSE");
     describe_gauge!(DELIVERIES, "deliveries by community and status");
     describe_gauge!(

@@ -1,7 +1,8 @@
 //! One trace per run (W3C Trace Context): the run's trace id, the
 //! `traceparent` its webhook calls send and its deliveries hand to the
-//! agent (the real agent passes it to an `exec` handler), on every
-//! backend, and the same after the relay is killed mid-run.
+//! agent (the real agent passes it to an `exec` handler), and the spans
+//! exported over OTLP to a collector the test runs, on every backend, the
+//! same before and after the relay is killed mid-run.
 
 use serde_json::{json, Value};
 use tests::agent::AgentProc;
@@ -24,13 +25,45 @@ fn parts(traceparent: &str) -> (String, String) {
     (p[1].to_string(), p[2].to_string())
 }
 
+/// The spans the collector received so far.
+fn spans(collector: &HookServer) -> Vec<Value> {
+    let mut out = Vec::new();
+    for request in collector.received("/v1/traces") {
+        let body = request.json();
+        for resource in body["resourceSpans"].as_array().into_iter().flatten() {
+            assert!(
+                resource["resource"].to_string().contains("\"relay\""),
+                "service name: {resource}"
+            );
+            for scope in resource["scopeSpans"].as_array().into_iter().flatten() {
+                out.extend(scope["spans"].as_array().into_iter().flatten().cloned());
+            }
+        }
+    }
+    out
+}
+
+/// Waits (20 s) for a span named `name`; returns it.
+async fn span_named(collector: &HookServer, name: &str) -> Value {
+    for _ in 0..200 {
+        if let Some(s) = spans(collector).into_iter().find(|s| s["name"] == name) {
+            return s;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("no span {name:?}: {:?}", spans(collector));
+}
+
 async fn a_run_is_one_trace_through_its_calls_and_deliveries(backend: Backend) {
     let server = HookServer::start().await;
     server.answer("/call", Answer::json(200, json!({"ok": true})));
+    let collector = HookServer::start().await;
+    collector.answer("/v1/traces", Answer::json(200, json!({})));
+    let config = format!("otlp_endpoint = \"{}\"\n{FAST}", collector.url("/v1/traces"));
     let mut relay = Relay::start_opts(
         &backend,
         RelayOptions {
-            config_toml: FAST.into(),
+            config_toml: config,
             ..Default::default()
         },
     );
@@ -66,6 +99,8 @@ async fn a_run_is_one_trace_through_its_calls_and_deliveries(backend: Backend) {
         r["status"] == "waiting" && r["current_step"] == 2
     })
     .await;
+    // What this process ended is exported before it dies.
+    span_named(&collector, "step call").await;
     relay.kill();
     relay.restart();
     let run = run_until(&relay, &fx.owner, &run_id, 30, ended).await;
@@ -77,12 +112,12 @@ async fn a_run_is_one_trace_through_its_calls_and_deliveries(backend: Backend) {
     // with its own span.
     let calls = server.received("/call");
     assert_eq!(calls.len(), 2, "{calls:?}");
-    let spans: Vec<(String, String)> = calls
+    let sent: Vec<(String, String)> = calls
         .iter()
         .map(|c| parts(c.header("traceparent").expect("traceparent")))
         .collect();
-    assert!(spans.iter().all(|(t, _)| *t == trace), "{spans:?}");
-    assert_ne!(spans[0].1, spans[1].1);
+    assert!(sent.iter().all(|(t, _)| *t == trace), "{sent:?}");
+    assert_ne!(sent[0].1, sent[1].1);
     // The delivery's span reached the agent's handler, in its environment
     // and on stdin.
     let env = std::fs::read_to_string(seen.with_extension("env")).unwrap();
@@ -91,7 +126,57 @@ async fn a_run_is_one_trace_through_its_calls_and_deliveries(backend: Backend) {
     assert_eq!(stdin["messages"][0]["traceparent"], json!(env), "{stdin}");
     let (t, span) = parts(&env);
     assert_eq!(t, trace);
-    assert!(spans.iter().all(|(_, s)| *s != span));
+    assert!(sent.iter().all(|(_, s)| *s != span));
+    // The spans: one trace, the run at its root, each step under it, each
+    // call and the delivery under their step, the claim and the finish
+    // under the delivery; from both processes.
+    let run_span = span_named(&collector, "run traced").await;
+    let all: Vec<Value> = spans(&collector)
+        .into_iter()
+        .filter(|s| s["traceId"] == json!(trace))
+        .collect();
+    let named = |name: &str| -> Vec<&Value> { all.iter().filter(|s| s["name"] == name).collect() };
+    let id = |s: &Value| s["spanId"].as_str().unwrap().to_string();
+    let parent = |s: &Value| s["parentSpanId"].as_str().unwrap_or_default().to_string();
+    assert_eq!(parent(&run_span), "", "the run is the root");
+    for step in ["ask", "call", "pause", "again"] {
+        let found = named(&format!("step {step}"));
+        assert_eq!(found.len(), 1, "step {step} once: {all:?}");
+        assert_eq!(parent(found[0]), id(&run_span), "step {step} under the run");
+    }
+    let calls: Vec<&Value> = all
+        .iter()
+        .filter(|s| s["name"].as_str().unwrap().starts_with("call "))
+        .collect();
+    assert_eq!(calls.len(), 2, "{all:?}");
+    for c in &calls {
+        assert!(
+            sent.iter().any(|(_, s)| *s == id(c)),
+            "a call span is the traceparent it sent: {c}"
+        );
+        let step = named(&format!(
+            "step {}",
+            c["name"].as_str().unwrap().trim_start_matches("call ")
+        ))[0];
+        assert_eq!(parent(c), id(step));
+    }
+    let delivery = all
+        .iter()
+        .find(|s| s["name"].as_str().unwrap().starts_with("delivery "))
+        .expect("the delivery's span");
+    assert_eq!(
+        id(delivery),
+        span,
+        "the delivery span is the one the agent was handed"
+    );
+    assert_eq!(parent(delivery), id(named("step ask")[0]));
+    for what in ["claim ", "finish "] {
+        let s = all
+            .iter()
+            .find(|s| s["name"].as_str().unwrap().starts_with(what))
+            .expect(what);
+        assert_eq!(parent(s), span, "{what} under the delivery");
+    }
     // Another run is another trace.
     let other = start_run(&relay, &fx.owner, "traced", json!({})).await;
     let other = run_until(&relay, &fx.owner, &other, 30, |r| r["trace_id"].is_string()).await;

@@ -71,6 +71,10 @@ pub struct Config {
     /// Where Prometheus scrapes `/metrics` (a separate address, never the
     /// public one); unset: no metrics.
     pub metrics_listen: Option<SocketAddr>,
+    /// Where runs' traces are exported (OTLP over HTTP, JSON: the
+    /// collector's traces URL, e.g. `http://127.0.0.1:4318/v1/traces`);
+    /// unset: not exported.
+    pub otlp_endpoint: Option<String>,
     /// How often the gauges read from the database (deliveries and runs by
     /// status, the oldest pending delivery) are refreshed.
     pub metrics_interval_secs: u64,
@@ -119,6 +123,7 @@ impl Default for Config {
             workflows: WorkflowConfig::default(),
             webhooks: WebhookConfig::default(),
             metrics_listen: None,
+            otlp_endpoint: None,
             metrics_interval_secs: 15,
             sqlite: SqliteConfig::default(),
             postgres: PostgresConfig::default(),

@@ -17,6 +17,7 @@ use crate::events::InsertOutcome;
 use crate::faults;
 use crate::persistence::db::{Dialect, Tx, Q};
 use crate::persistence::StoreError;
+use crate::spans::RunSpan;
 
 use super::claim::{lease_of, IS_CLAIMED};
 use super::rows::{delivery, load, load_with_membership, Delivery, COLS};
@@ -189,6 +190,9 @@ pub struct Finished {
     /// finish committed (the row waits for the step's revision) and is
     /// answered `output_invalid` with this text.
     pub refused_answer: Option<String>,
+    /// Spans of the run's trace it ended: the finish, and the delivery
+    /// once it is over.
+    pub spans: Vec<RunSpan>,
 }
 
 /// Checks a reply: a kind 9 by the target, in the delivery's channel, whose
@@ -238,6 +242,7 @@ pub async fn finish(
             published: Vec::new(),
             woke_run: false,
             refused_answer: refused,
+            spans: Vec::new(),
         });
     }
     let misfit = misfit(&d, req);
@@ -265,12 +270,41 @@ pub async fn finish(
     let status = applied.status;
     record_finish(tx, community, id, req, status, reply_id, now).await?;
     faults::check("finish:after_status")?;
+    let spans = finish_spans(community, &d, req.outcome, status, now);
     Ok(Finished {
         status,
         published,
         woke_run: applied.poked,
         refused_answer: misfit.filter(|_| decided == Transition::Revise),
+        spans,
     })
+}
+
+/// The finish's span (under the delivery's), and the delivery's own when
+/// it is over (under its step's).
+fn finish_spans(community: &str, d: &Delivery, outcome: Outcome, status: Status, now: i64) -> Vec<RunSpan> {
+    let span = d.span(community);
+    let mut out = vec![RunSpan::new(
+        format!("finish {}", d.id),
+        span.child(&format!("finish:{}", d.attempt)),
+        Some(span),
+        now,
+        now,
+    )
+    .with("workflow.delivery.outcome", outcome.as_str())
+    .with("workflow.delivery.attempt", d.attempt.to_string())];
+    if status.is_terminal() {
+        let step = protocol::trace::TraceParent::of_run(&span.trace_hex())
+            .map(|run| run.child(&format!("step:{}", d.step_id)));
+        let mut whole = RunSpan::new(format!("delivery {}", d.id), span, step, d.created_at, now)
+            .with("workflow.delivery.status", status.as_str())
+            .with("workflow.delivery.agent", hex::encode(d.target));
+        if status != Status::Delivered {
+            whole.error = Some(status.as_str().to_string());
+        }
+        out.push(whole);
+    }
+    out
 }
 
 /// Why a delivered finish's answer does not fit the row's output schema

@@ -83,7 +83,7 @@ pub async fn execute_step(
         RunStatus::Waiting => resume_kind(tx, &c, &mut out).await?,
         _ => start(tx, &c, &mut out).await?,
     };
-    out.more = record(tx, &c, next).await?;
+    out.more = record(tx, &c, next, &mut out).await?;
     faults::check("step:before_commit")?;
     Ok(out)
 }
@@ -168,7 +168,12 @@ protocol::step_kinds!(dispatch);
 
 /// Writes what the step decided. Returns whether the run has a step to
 /// execute now.
-async fn record(tx: &mut Tx<'_>, c: &StepCtx<'_>, next: Next) -> Result<bool, StoreError> {
+async fn record(
+    tx: &mut Tx<'_>,
+    c: &StepCtx<'_>,
+    next: Next,
+    out: &mut StepOutcome,
+) -> Result<bool, StoreError> {
     let base = |sql: &str| {
         Q::new(sql.to_string())
             .bind(c.community)
@@ -197,9 +202,10 @@ async fn record(tx: &mut Tx<'_>, c: &StepCtx<'_>, next: Next) -> Result<bool, St
             Ok(false)
         }
         Next::Advance(entry) => {
-            let trace = with_entry(c.run, entry);
             let next = c.run.current_step + 1;
             let more = usize::try_from(next).is_ok_and(|n| n < c.def.steps.len());
+            out.spans = c.ended_spans(&entry, (!more).then_some(RunStatus::Completed));
+            let trace = with_entry(c.run, entry);
             let status = if more {
                 RunStatus::Running
             } else {
@@ -218,6 +224,7 @@ async fn record(tx: &mut Tx<'_>, c: &StepCtx<'_>, next: Next) -> Result<bool, St
             Ok(more)
         }
         Next::Fail(entry, why) => {
+            out.spans = c.ended_spans(&entry, Some(RunStatus::Failed));
             let step = entry.step.clone();
             let trace = with_entry(c.run, entry);
             tx.exec(

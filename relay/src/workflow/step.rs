@@ -14,6 +14,7 @@ use serde_json::Value;
 use crate::config::{DeliveryConfig, Limits};
 use crate::persistence::db::{named, Tx, Q};
 use crate::persistence::StoreError;
+use crate::spans::RunSpan;
 use crate::workflow::outcalls::OutCall;
 
 /// A delivery row made by a step, for its wake hint.
@@ -39,6 +40,9 @@ pub struct StepOutcome {
     pub errands: Vec<Errand>,
     /// Whether the run has a step to execute now.
     pub more: bool,
+    /// Spans of the run's trace that this execution ended (a step, the
+    /// run): emitted after commit.
+    pub spans: Vec<RunSpan>,
 }
 
 /// Work a step recorded, done by the engine after commit outside any
@@ -129,6 +133,7 @@ pub(crate) struct RunRow {
     pub(crate) trace: Vec<TraceEntry>,
     pub(crate) step_started_at: Option<i64>,
     pub(crate) wake_at: Option<i64>,
+    pub(crate) created_at: i64,
 }
 
 impl RunRow {
@@ -165,7 +170,7 @@ pub(crate) async fn load_run(
         .one(
             Q::new(
                 "SELECT workflow_id, definition_event_id, channel, owner, cause_type, cause_id, status, \
-                 current_step, trigger_context, trace, step_started_at, wake_at \
+                 current_step, trigger_context, trace, step_started_at, wake_at, created_at \
                  FROM workflow_runs WHERE community_id = $1 AND id = $2",
             )
             .bind(community)
@@ -188,6 +193,7 @@ pub(crate) async fn load_run(
         trace: json_of(&r.text("trace")?)?,
         step_started_at: r.opt_int("step_started_at")?,
         wake_at: r.opt_int("wake_at")?,
+        created_at: r.int("created_at")?,
     }))
 }
 
@@ -273,6 +279,42 @@ pub(crate) struct StepCtx<'a> {
 impl StepCtx<'_> {
     pub(crate) fn step(&self) -> &Step {
         &self.def.steps[self.index]
+    }
+
+    /// The spans a step's end closes: the step's, and the run's when it
+    /// was the run's last (`ended`: the run's status then, if it ended).
+    pub(crate) fn ended_spans(&self, entry: &TraceEntry, ended: Option<RunStatus>) -> Vec<RunSpan> {
+        let step = self.step_span();
+        let run =
+            protocol::trace::TraceParent::of_run(&step.trace_hex()).expect("a derived trace id is valid");
+        let failed = |e: &Option<RunError>| e.as_ref().map(|e| e.code.clone());
+        let start = entry.started_at.unwrap_or(self.now);
+        let mut step_span = RunSpan::new(format!("step {}", entry.step), step, Some(run), start, self.now)
+            .with("workflow.id", self.run.workflow_id.clone())
+            .with("workflow.run_id", self.run_id)
+            .with("workflow.step.status", entry.status.as_str());
+        if let Some(action) = entry.action {
+            step_span = step_span.with("workflow.step.action", action.as_str());
+        }
+        step_span.error = failed(&entry.error);
+        let mut spans = vec![step_span];
+        if let Some(status) = ended {
+            let mut run_span = RunSpan::new(
+                format!("run {}", self.run.workflow_id),
+                run,
+                None,
+                self.run.created_at,
+                self.now,
+            )
+            .with("workflow.id", self.run.workflow_id.clone())
+            .with("workflow.run_id", self.run_id)
+            .with("workflow.run.status", status.as_str());
+            if status != RunStatus::Completed {
+                run_span.error = failed(&entry.error).or_else(|| Some(status.as_str().to_string()));
+            }
+            spans.push(run_span);
+        }
+        spans
     }
 
     /// The current step's span in the run's trace (`protocol::trace`).
