@@ -150,7 +150,7 @@ async fn an_answer_that_does_not_fit_is_revised_by_the_agent(backend: Backend) {
             .collect()
     };
     assert_eq!(tag("workflow-revision"), ["1"]);
-    assert_eq!(tag("workflow-run"), [run_id.clone()]);
+    assert_eq!(tag("workflow-run"), std::slice::from_ref(&run_id));
     // The row: revised once, its first attempt ended output_invalid.
     let row = deliveries(&relay).into_iter().next().unwrap();
     assert_eq!(
