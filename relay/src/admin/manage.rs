@@ -10,8 +10,8 @@ use protocol::nip86::{List, RerunDefinition, RunRerun};
 
 use crate::admission::Bans;
 use crate::config::DeliveryConfig;
-use crate::delivery::deliveries;
 use crate::delivery::machine::Event as On;
+use crate::delivery::operator;
 use crate::delivery::rows::Delivery;
 use crate::events::notices;
 use crate::persistence::db::{Tx, Q};
@@ -265,7 +265,7 @@ pub async fn act_on_delivery(
         (On::OperatorCancel, "cancelled")
     };
     let why = format!("cancelled by {by}");
-    let status = deliveries::operate(tx, community, &d, event, now, &why).await?;
+    let status = operator::operate(tx, community, &d, event, now, &why).await?;
     let run_reopened = if retry {
         crate::workflow::views::reopen_at(tx, community, &d.run_id, &d.step_id).await?
     } else {

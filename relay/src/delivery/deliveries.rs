@@ -12,15 +12,14 @@ use crate::config::DeliveryConfig;
 use crate::delivery::machine;
 use crate::delivery::machine::{Event as On, Failure, Transition};
 use crate::events::rules as events;
-use crate::events::rules::author_lock_key;
 use crate::events::InsertOutcome;
 use crate::faults;
-use crate::persistence::db::{Dialect, Tx, Q};
+use crate::persistence::db::{Tx, Q};
 use crate::persistence::StoreError;
 use crate::spans::RunSpan;
 
 use super::claim::{lease_of, IS_CLAIMED};
-use super::rows::{delivery, load, load_with_membership, Delivery, COLS};
+use super::rows::{load, load_with_membership, Delivery};
 pub use crate::refusal::{Answer, Refusal};
 pub use protocol::api::{ClaimRequest, Expected, FinishRequest};
 
@@ -485,7 +484,7 @@ async fn store_reply(
 /// `Deliver` is left to [`record_finish`], which writes it with the
 /// finish in one statement. `agent`: the code and message of
 /// [`Failure::Agent`].
-async fn apply(
+pub(super) async fn apply(
     tx: &mut Tx<'_>,
     community: &str,
     keys: &Keys,
@@ -530,10 +529,10 @@ pub async fn poke(tx: &mut Tx<'_>, community: &str, run_id: &str, wake: &str) ->
 
 /// What [`apply`] did: the row's new status, its notice, and whether it
 /// woke a waiting run.
-struct Applied {
-    status: Status,
-    notice: Option<(Event, String)>,
-    poked: bool,
+pub(super) struct Applied {
+    pub(super) status: Status,
+    pub(super) notice: Option<(Event, String)>,
+    pub(super) poked: bool,
 }
 
 /// [`apply`] without the run's wake.
@@ -574,7 +573,7 @@ async fn transition_row(
 
 /// Counts a transition in `relay_delivery_transitions_total` (its code as
 /// a bounded label).
-fn counted(to: Status, code: &str) {
+pub(super) fn counted(to: Status, code: &str) {
     crate::telemetry::count_transitions(to.as_str(), code, 1);
 }
 
@@ -670,153 +669,4 @@ async fn record_finish(
     )
     .await?;
     Ok(())
-}
-
-/// Expires unclaimed rows past their lifetime and ends lapsed leases.
-/// Returns notices to announce. Safe in several processes at once: every
-/// transition re-checks the state it leaves.
-pub async fn sweep(
-    tx: &mut Tx<'_>,
-    community: &str,
-    keys: &Keys,
-    cfg: &DeliveryConfig,
-) -> Result<Vec<(Event, String)>, StoreError> {
-    // The community key first: every transition below may sign a notice
-    // with it, and a finish batch takes it before the rows it waits for
-    // (`Call::lock_keys`); taken after this sweep's rows, the two could
-    // each hold what the other waits for.
-    tx.lock(&author_lock_key(community, &keys.public_key())).await?;
-    let now = tx.now().await?;
-    let batch = i64::from(cfg.sweep_batch);
-    let mut published = Vec::new();
-    for d in due(tx, community, "status = 'pending' AND expires_at", now, batch).await? {
-        let decided = sweep_decision(&d, On::LifetimeOver, now);
-        published.extend(
-            apply(tx, community, keys, &d, decided, ("", None), now)
-                .await?
-                .notice,
-        );
-        faults::check("sweep:after_transition")?;
-    }
-    for d in due(
-        tx,
-        community,
-        "status = 'claimed' AND claim_expires_at",
-        now,
-        batch,
-    )
-    .await?
-    {
-        let wrote = wrote_in_attempt(tx, community, &d).await?;
-        let decided = sweep_decision(&d, On::LeaseLapsed { wrote }, now);
-        published.extend(
-            apply(tx, community, keys, &d, decided, ("", None), now)
-                .await?
-                .notice,
-        );
-        faults::check("sweep:after_transition")?;
-    }
-    Ok(published)
-}
-
-/// The machine's decision on a sweeper's event, which is never refused
-/// (only a caller's calls are fenced).
-fn sweep_decision(d: &Delivery, event: On<'_>, now: i64) -> Transition {
-    machine::transition(&d.state(), event, now).expect("the sweeper's events are not fenced")
-}
-
-/// Up to `batch` rows in a state whose deadline column (`state_and_deadline`
-/// ends with it) is at or before `now`, oldest deadline first; on
-/// PostgreSQL rows another sweeper holds are skipped.
-async fn due(
-    tx: &mut Tx<'_>,
-    community: &str,
-    state_and_deadline: &str,
-    now: i64,
-    batch: i64,
-) -> Result<Vec<Delivery>, StoreError> {
-    let lock = if tx.dialect() == Dialect::Postgres {
-        " FOR UPDATE SKIP LOCKED"
-    } else {
-        ""
-    };
-    let deadline = state_and_deadline.rsplit(' ').next().unwrap_or_default();
-    let rows = tx
-        .all(
-            Q::new(format!(
-                "SELECT {COLS} FROM workflow_agent_deliveries WHERE community_id = $1 AND {state_and_deadline} <= $2 \
-                 ORDER BY {deadline} LIMIT $3{lock}"
-            ))
-            .bind(community)
-            .bind(now)
-            .bind(batch),
-        )
-        .await?;
-    rows.iter().map(delivery).collect()
-}
-
-/// Whether the row's current attempt recorded a write.
-async fn wrote_in_attempt(tx: &mut Tx<'_>, community: &str, d: &Delivery) -> Result<bool, StoreError> {
-    tx.exists(
-        Q::new(
-            "SELECT 1 FROM delivery_operations WHERE community_id = $1 AND delivery_id = $2 \
-             AND attempt = $3 AND effect = 'write'",
-        )
-        .bind(community)
-        .bind(d.id.as_str())
-        .bind(d.attempt),
-    )
-    .await
-}
-
-/// What an admin or the workflow's owner does to a row: `canceldelivery`
-/// ([`On::OperatorCancel`]) or `retrydelivery` ([`On::Redrive`]), as the
-/// machine decides; `why` is the cancelled row's failure message. Returns
-/// the row's new status.
-pub(crate) async fn operate(
-    tx: &mut Tx<'_>,
-    community: &str,
-    d: &Delivery,
-    event: On<'_>,
-    now: i64,
-    why: &str,
-) -> Answer<Status> {
-    let q = match machine::transition(&d.state(), event, now)? {
-        Transition::Cancel => Q::new(
-            "UPDATE workflow_agent_deliveries SET status = 'cancelled', failure_code = 'cancelled_by_operator', \
-             failure_message = $4, claim_token = NULL, updated_at = $5 \
-             WHERE community_id = $1 AND id = $2 AND status = $3",
-        )
-        .bind(community)
-        .bind(d.id.as_str())
-        .bind(d.status.as_str())
-        .bind(why)
-        .bind(now),
-        Transition::Redrive {
-            max_attempts,
-            expires_at,
-        } => Q::new(
-            "UPDATE workflow_agent_deliveries SET status = 'pending', claim_token = NULL, \
-             claim_expires_at = NULL, next_attempt_at = $5, expires_at = $6, max_attempts = $4, \
-             failure_code = NULL, failure_message = NULL, output_errors = NULL, updated_at = $5 \
-             WHERE community_id = $1 AND id = $2 AND status = $3",
-        )
-        .bind(community)
-        .bind(d.id.as_str())
-        .bind(d.status.as_str())
-        .bind(max_attempts)
-        .bind(now)
-        .bind(expires_at),
-        other => return Err(StoreError::Corrupt(format!("not an operator's transition: {other:?}")).into()),
-    };
-    // The row was loaded locked (PostgreSQL) or under the write lock (SQLite).
-    if tx.exec(q).await? != 1 {
-        return Err(StoreError::Corrupt(format!("delivery {} changed under its lock", d.id)).into());
-    }
-    let (status, code) = match event {
-        On::Redrive { .. } => (Status::Pending, "retried_by_operator"),
-        _ => (Status::Cancelled, "cancelled_by_operator"),
-    };
-    counted(status, code);
-    Ok(status)
 }

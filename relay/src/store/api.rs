@@ -9,9 +9,9 @@ use protocol::api::{OperationRequest, RenewRequest};
 use protocol::workflow::Cause;
 use serde_json::Value;
 
-use crate::delivery::deliveries;
 use crate::delivery::deliveries::{Answer, ClaimRequest, FinishRequest, Finished, Refusal};
 use crate::delivery::rows::Delivery;
+use crate::delivery::sweep;
 use crate::store::calls::{Claim, Finish, Operation, Renew};
 pub use crate::store::group::HttpAuthUse;
 
@@ -296,7 +296,7 @@ impl Store {
         cfg: &DeliveryConfig,
     ) -> Result<Vec<(Event, String)>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let published = deliveries::sweep(&mut tx, community, keys, cfg).await?;
+        let published = sweep::sweep(&mut tx, community, keys, cfg).await?;
         let raws: Vec<&str> = published.iter().map(|(_, raw)| raw.as_str()).collect();
         self.announce(&mut tx, community, &raws).await?;
         tx.commit().await?;
