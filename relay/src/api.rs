@@ -197,6 +197,12 @@ async fn finish(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth
             if replied || f.woke_run {
                 state.kick.kick();
             }
+            if f.freed_slot {
+                let (state, community, caller) = (state.clone(), community.clone(), auth.pubkey);
+                tokio::spawn(
+                    async move { crate::engine::wake_next(&state, &community, &keys, &caller).await },
+                );
+            }
             match f.refused_answer {
                 // Committed: the row waits for the step's revision.
                 Some(why) => error(StatusCode::UNPROCESSABLE_ENTITY, "output_invalid", why),

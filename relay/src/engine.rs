@@ -112,6 +112,20 @@ pub async fn wake_delivery(
     wake_all(state, community, keys, &[new]).await;
 }
 
+/// Wakes `agent` for the row it would claim next, after one of its rows
+/// under a cap left `claimed` (a wake for a row the cap still holds back
+/// only costs the agent a claim that finds nothing). Rows of the same
+/// workflow for other agents are found by those agents' polls.
+pub async fn wake_next(state: &AppState, community: &str, keys: &Keys, agent: &nostr::prelude::PublicKey) {
+    let cap = state.cfg.deliveries.agent_concurrency;
+    let cap = (cap > 0).then_some(i64::from(cap));
+    match state.store.next_claimable(community, agent, cap).await {
+        Ok(Some(d)) => wake_delivery(state, community, keys, &d).await,
+        Ok(None) => {}
+        Err(e) => tracing::warn!(community, error = %e, "looking for the next row under a cap failed"),
+    }
+}
+
 /// Signs one wake hint and publishes it here; returns its JSON.
 fn wake(state: &AppState, community: &str, keys: &Keys, d: &NewDelivery) -> Option<String> {
     let tags = protocol::workflow::wake_tags(
@@ -246,8 +260,9 @@ async fn record_answer(state: &AppState, community: &str, run_id: &str, answer: 
     false
 }
 
-/// Advances one run as far as it goes now.
-async fn advance(state: &Arc<AppState>, community: &str, keys: &Keys, run_id: &str) {
+/// Advances one run as far as it goes now; returns whether a step
+/// committed.
+async fn advance(state: &Arc<AppState>, community: &str, keys: &Keys, run_id: &str) -> bool {
     // Bounded: a run has at most MAX_STEPS steps.
     for _ in 0..=protocol::workflow::MAX_STEPS {
         let started = std::time::Instant::now();
@@ -271,22 +286,26 @@ async fn advance(state: &Arc<AppState>, community: &str, keys: &Keys, run_id: &s
                     }
                 }
                 if !out.more {
-                    return;
+                    return true;
                 }
             }
             Err(e) => {
                 tracing::warn!(community, run_id, error = %e, "workflow step failed; will retry");
-                return;
+                return false;
             }
         }
     }
+    true
 }
 
-/// One pass over every community: schedules, runs, sweep.
-async fn pass(state: &Arc<AppState>, keys: &mut Communities, schedules_due: bool, sweep_due: bool) {
-    for (community, k) in communities(state, keys).await {
-        if schedules_due {
-            match state.store.fire_schedules(&community).await {
+/// One pass over every community: schedules, a round of runs, sweep.
+/// Returns whether a community had more due runs than its round took (the
+/// engine then passes again at once).
+async fn pass(state: &Arc<AppState>, keys: &mut Communities, schedules_due: bool, sweep_due: bool) -> bool {
+    let all = communities(state, keys).await;
+    if schedules_due {
+        for (community, _) in &all {
+            match state.store.fire_schedules(community).await {
                 Ok(_) => {
                     metrics::counter!(crate::telemetry::SCHEDULE_PASSES, "community" => community.clone())
                         .increment(1)
@@ -294,37 +313,72 @@ async fn pass(state: &Arc<AppState>, keys: &mut Communities, schedules_due: bool
                 Err(e) => tracing::warn!(community, error = %e, "schedules failed"),
             }
         }
-        match state
-            .store
-            .due_runs(&community, state.cfg.workflows.run_batch)
-            .await
-        {
-            Ok(runs) => {
-                // Side by side: a step waits on the database for most of
-                // its time, and runs that arrive together (several
-                // clients, a schedule, a restart's backlog) would wait for
-                // each other. A run is advanced by one task of the pass, so
-                // its own steps stay in order.
-                futures_util::stream::iter(runs)
-                    .for_each_concurrent(state.cfg.workflows.concurrent_runs, |run| {
-                        let (community, k) = (&community, &k);
-                        async move { advance(state, community, k, &run).await }
-                    })
-                    .await;
-            }
-            Err(e) => tracing::warn!(community, error = %e, "listing runs failed"),
-        }
-        if sweep_due {
+    }
+    let more = run_round(state, &all).await;
+    if sweep_due {
+        for (community, k) in &all {
             match state
                 .store
-                .sweep_deliveries(&community, &k, &state.cfg.deliveries)
+                .sweep_deliveries(community, k, &state.cfg.deliveries)
                 .await
             {
-                Ok(notices) => announce(state, &community, notices),
+                Ok(notices) => announce(state, community, notices),
                 Err(e) => tracing::warn!(community, error = %e, "delivery sweep failed"),
             }
         }
     }
+    more
+}
+
+/// Advances one round of due runs. A community alone with due runs takes
+/// up to `run_batch` of them (every run due when the round began is then
+/// advanced before the next round begins, which tests' barriers rely on:
+/// `tests::workflow::Fixture::barrier`). When several have due runs, each
+/// takes its share (`weight` x `concurrent_runs`, at most `run_batch`),
+/// served in weighted turns (`shares::weighted_turns`), and the next round
+/// follows at once: a community with a backlog of thousands takes its
+/// share of each round, and another's new run waits for one round, not
+/// for the backlog. Returns whether a community had more due than the
+/// round took and the round got on (a round whose every step failed does
+/// not ask for another at once).
+async fn run_round(state: &Arc<AppState>, all: &[(String, Keys)]) -> bool {
+    let wf = &state.cfg.workflows;
+    let batch = wf.run_batch.max(1);
+    let mut lines = Vec::with_capacity(all.len());
+    for (i, (community, _)) in all.iter().enumerate() {
+        match state.store.due_runs(community, batch).await {
+            Ok(runs) if !runs.is_empty() => {
+                let weight = state.cfg.weight(community);
+                lines.push((weight, runs.into_iter().map(|run| (i, run)).collect::<Vec<_>>()));
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(community, error = %e, "listing runs failed"),
+        }
+    }
+    let mut more = lines.iter().any(|(_, runs)| runs.len() as u32 >= batch);
+    if lines.len() > 1 {
+        for (weight, runs) in &mut lines {
+            let share = weight.saturating_mul(wf.concurrent_runs.max(1) as u32).min(batch) as usize;
+            more |= runs.len() > share;
+            runs.truncate(share);
+        }
+    }
+    // Side by side: a step waits on the database for most of its time, and
+    // runs that arrive together (several clients, a schedule, a restart's
+    // backlog) would wait for each other. A run is advanced by one task of
+    // the round, so its own steps stay in order.
+    let got_on = std::sync::atomic::AtomicBool::new(false);
+    futures_util::stream::iter(crate::shares::weighted_turns(lines))
+        .for_each_concurrent(wf.concurrent_runs, |(i, run)| {
+            let ((community, k), got_on) = (&all[i], &got_on);
+            async move {
+                if advance(state, community, k, &run).await {
+                    got_on.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        })
+        .await;
+    more && got_on.into_inner()
 }
 
 /// Runs the engine until shutdown. The first pass (at start-up) sweeps
@@ -353,11 +407,20 @@ pub async fn run(state: Arc<AppState>) {
         state
             .engine_beat
             .store(crate::clock::unix_now_ms(), std::sync::atomic::Ordering::Relaxed);
-        pass(&state, &mut keys, schedules_due, sweep_due).await;
+        let more = pass(&state, &mut keys, schedules_due, sweep_due).await;
         // The heartbeat an operator alerts on: `time() - it` grows when the
         // engine is stuck or gone.
         let done_ms = crate::clock::unix_now_ms();
         metrics::gauge!(crate::telemetry::ENGINE_LAST_TICK).set(done_ms as f64 / 1000.0);
+        if more {
+            // A backlog: the next round at once (after a yield, so the
+            // rest of the process is not starved by a long backlog).
+            tokio::task::yield_now().await;
+            if state.shutdown.is_cancelled() {
+                return;
+            }
+            continue;
+        }
         let nap = run_every.min(sweep_every);
         tokio::select! {
             _ = state.shutdown.cancelled() => return,

@@ -7,6 +7,9 @@
 //! A holder takes every key of its entry together or none (no partial
 //! holding, so no two holders wait on each other); the table holds only
 //! keys with a holder, so its size is bounded by the holders.
+//!
+//! [`weighted_turns`] is the other share: the order in which the engine
+//! serves its communities' due runs, by their weights.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -86,10 +89,55 @@ impl Drop for Held {
     }
 }
 
+/// Items of several lines in weighted turns: each round takes up to
+/// `weight` items from each line in order (weight 0 counts as 1), so a
+/// line with a long backlog takes its share of each round and no more,
+/// and each line keeps its own order. The engine serves its communities'
+/// due runs in this order.
+pub fn weighted_turns<T>(lines: Vec<(u32, Vec<T>)>) -> Vec<T> {
+    let total = lines.iter().map(|(_, items)| items.len()).sum();
+    let mut lines: Vec<(usize, std::vec::IntoIter<T>)> = lines
+        .into_iter()
+        .map(|(weight, items)| (weight.max(1) as usize, items.into_iter()))
+        .collect();
+    let mut out = Vec::with_capacity(total);
+    // Bounded: every round but the last takes at least one item.
+    while out.len() < total {
+        for (weight, items) in &mut lines {
+            out.extend(items.by_ref().take(*weight));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn turns_follow_the_weights_and_keep_each_line_in_order() {
+        type Lines = Vec<(u32, Vec<&'static str>)>;
+        let table: Vec<(Lines, Vec<&str>)> = vec![
+            (vec![], vec![]),
+            (vec![(1, vec!["a1", "a2", "a3"])], vec!["a1", "a2", "a3"]),
+            (
+                vec![(1, vec!["a1", "a2", "a3"]), (1, vec!["b1"])],
+                vec!["a1", "b1", "a2", "a3"],
+            ),
+            (
+                vec![(1, vec!["a1", "a2", "a3", "a4"]), (2, vec!["b1", "b2", "b3"])],
+                vec!["a1", "b1", "b2", "a2", "b3", "a3", "a4"],
+            ),
+            (
+                vec![(0, vec!["a1", "a2"]), (1, vec![]), (3, vec!["c1"])],
+                vec!["a1", "c1", "a2"],
+            ),
+        ];
+        for (lines, want) in table {
+            assert_eq!(weighted_turns(lines.clone()), want, "{lines:?}");
+        }
+    }
 
     fn entry(community: &str, owner: &str) -> Vec<(String, usize)> {
         vec![(community.to_string(), 3), (format!("{community}/{owner}"), 2)]

@@ -22,8 +22,17 @@ pub struct Fixture {
 
 /// The relay's `self` pubkey for `host`.
 pub async fn relay_pubkey(relay: &Relay, host: &str) -> String {
+    nip11_self(&relay.http_url(), host).await
+}
+
+/// The `self` pubkey of the community served at `addr` (its NIP-11).
+pub async fn relay_pubkey_at(addr: std::net::SocketAddr) -> String {
+    nip11_self(&format!("http://{addr}"), &addr.to_string()).await
+}
+
+async fn nip11_self(url: &str, host: &str) -> String {
     let resp = reqwest::Client::new()
-        .get(relay.http_url())
+        .get(url)
         .header("Host", host)
         .header("Accept", "application/nostr+json")
         .send()
@@ -45,8 +54,14 @@ pub fn agent_profile(agent: &Keys, owner: &Keys) -> Event {
 impl Fixture {
     /// Sets up `channel` with `n_agents` agents on the relay's default community.
     pub async fn new(relay: &Relay, channel: &str, n_agents: usize) -> Fixture {
+        Fixture::new_on(relay.addr, channel, n_agents).await
+    }
+
+    /// Like [`Fixture::new`], in the community served at `addr` (one of
+    /// the relay's addresses: its `Host` picks the community).
+    pub async fn new_on(addr: std::net::SocketAddr, channel: &str, n_agents: usize) -> Fixture {
         let owner = Keys::generate();
-        let mut c = Client::connect(&relay.ws_url()).await;
+        let mut c = Client::connect(&format!("ws://{addr}")).await;
         c.auth(&owner).await;
         c.publish_ok(&event(&owner, 9007, "", &[&["h", channel], &["name", channel]]))
             .await;
@@ -63,7 +78,7 @@ impl Fixture {
             .await;
             agents.push(a);
         }
-        let relay_pk = relay_pubkey(relay, &relay.addr.to_string()).await;
+        let relay_pk = relay_pubkey_at(addr).await;
         Fixture {
             owner,
             agents,

@@ -6,11 +6,13 @@ use nostr::prelude::PublicKey;
 use serde::{Deserialize, Serialize};
 
 mod output;
+mod shares;
 mod steps;
 mod tags;
 mod validate;
 
 pub use output::*;
+pub use shares::*;
 pub use steps::*;
 
 pub use tags::{message_tags, recipients, tag_slice, tag_values, wake_tags, Cause, MessageBinding};
@@ -40,6 +42,10 @@ pub struct Definition {
     pub enabled: bool,
     pub trigger: Trigger,
     pub steps: Vec<Step>,
+    /// Most of its deliveries claimed at once, all agents together
+    /// (1 to [`MAX_CONCURRENCY`]; none: no cap of its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u32>,
 }
 
 fn yes() -> bool {

@@ -48,6 +48,8 @@ pub enum DefinitionError {
     BadReactionContent,
     #[error("filter.text_contains must not be empty")]
     EmptyTextFilter,
+    #[error("concurrency must be from 1 to {}", super::MAX_CONCURRENCY)]
+    BadConcurrency,
 }
 
 /// Whether `s` is a workflow, step or secret name: `[a-z0-9_-]{1,64}`.
@@ -225,6 +227,9 @@ pub fn check(d: &Definition) -> Result<Vec<Option<Template>>, DefinitionError> {
         return Err(DefinitionError::StepCount);
     }
     check_trigger(&d.trigger)?;
+    if !super::concurrency_fits(d.concurrency) {
+        return Err(DefinitionError::BadConcurrency);
+    }
     let mut earlier: Vec<StepShape<'_>> = Vec::new();
     let mut templates = Vec::with_capacity(d.steps.len());
     for step in &d.steps {

@@ -83,6 +83,10 @@ pub struct CommunitySettings {
     pub admins: Vec<String>,
     /// Overrides the top-level `[access]` rules.
     pub access: Option<Access>,
+    /// Its share of the workflow engine beside the other communities
+    /// (1 to 100, default 1): each round of a pass advances up to
+    /// `weight` x `workflows.concurrent_runs` of its due runs.
+    pub weight: Option<u32>,
 }
 
 /// Who may read and write a community over WebSocket.

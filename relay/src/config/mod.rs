@@ -97,6 +97,8 @@ pub struct Config {
 /// Longest graceful shutdown (an orchestrator kills a process that takes
 /// longer anyway: Kubernetes after 30 s unless told otherwise).
 pub const MAX_SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
+/// The largest `communities.<id>.weight`.
+pub const MAX_WEIGHT: u32 = 100;
 
 impl Default for Config {
     fn default() -> Self {
@@ -212,6 +214,14 @@ impl Config {
             .map_or(&[], |c| c.webhook_allow_hosts.as_slice())
     }
 
+    /// A community's share of the workflow engine (`weight`, default 1).
+    pub fn weight(&self, community: &str) -> u32 {
+        self.communities
+            .get(community)
+            .and_then(|c| c.weight)
+            .unwrap_or(1)
+    }
+
     /// Whether `pubkey` (hex) is an admin of `community`.
     pub fn is_admin(&self, community: &str, pubkey_hex: &str) -> bool {
         let own = self
@@ -256,6 +266,11 @@ impl Config {
                 return Err(format!(
                     "admins: {a:?} is not a hex public key (64 hex characters)"
                 ));
+            }
+        }
+        for (id, c) in &self.communities {
+            if c.weight.is_some_and(|w| !(1..=MAX_WEIGHT).contains(&w)) {
+                return Err(format!("communities.{id}.weight must be from 1 to {MAX_WEIGHT}"));
             }
         }
         for p in std::iter::once(&self.channels)

@@ -103,6 +103,9 @@ pub struct DeliveryConfig {
     pub sweep_batch: u32,
     /// Most deliveries one list call returns.
     pub max_page: u32,
+    /// Most deliveries one agent may hold claimed at once in a community
+    /// (0: no cap). A claim over it finds nothing to claim.
+    pub agent_concurrency: u32,
 }
 
 impl Default for DeliveryConfig {
@@ -118,6 +121,7 @@ impl Default for DeliveryConfig {
             sweep_interval_ms: 1_000,
             sweep_batch: 200,
             max_page: 100,
+            agent_concurrency: 0,
         }
     }
 }

@@ -48,6 +48,8 @@ struct ClaimBinds {
     caller: &'static str,
     now: &'static str,
     lease_end: &'static str,
+    /// The relay's `agent_concurrency` (0: no cap).
+    agent_cap: &'static str,
 }
 
 /// How a claim statement reaches its row: by its key (the status test that
@@ -71,19 +73,40 @@ fn claim_sql(b: &ClaimBinds, reach: Reach) -> String {
         Claimable::Due => format!("next_attempt_at <= {}", b.now),
         Claimable::LeaseFits => format!("expires_at >= {}", b.lease_end),
         Claimable::NotRevising => "output_errors IS NULL".to_string(),
+        Claimable::WorkflowRoom => format!(
+            "(concurrency IS NULL OR concurrency > {})",
+            held_by("workflow_id")
+        ),
+        Claimable::AgentRoom => format!(
+            "({cap} = 0 OR {cap} > {})",
+            held_by("target_pubkey"),
+            cap = b.agent_cap
+        ),
     };
     CLAIM_RULE.map(clause).join(" AND ")
 }
 
+/// The claimed rows that share the claimed row's `column` (its workflow,
+/// its agent) in its community, counted through `deliveries_in_flight`.
+fn held_by(column: &str) -> String {
+    format!(
+        "(SELECT COUNT(*) FROM workflow_agent_deliveries held WHERE held.community_id = \
+         workflow_agent_deliveries.community_id AND held.{column} = workflow_agent_deliveries.{column} \
+         AND held.status = 'claimed')"
+    )
+}
+
 /// The claim of a named row whose bindings are as a wake said: `$1`
 /// community, `$2` id, the grant `$3`..`$6`, `$7` caller, `$8`..`$12` the
-/// expected run, step, channel, definition and message.
+/// expected run, step, channel, definition and message, `$13` the agent
+/// cap.
 static CLAIM_AS_EXPECTED: LazyLock<String> = LazyLock::new(|| {
     let rule = claim_sql(
         &ClaimBinds {
             caller: "$7",
             now: "$6",
             lease_end: "$4",
+            agent_cap: "$13",
         },
         Reach::ByKey,
     );
@@ -94,22 +117,25 @@ static CLAIM_AS_EXPECTED: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// The claim of the caller's oldest claimable row: `$1` community, `$2`
-/// caller, the grant `$3`..`$6`; `{skip}` is where PostgreSQL skips rows
-/// another claim holds.
+/// The claim of the caller's first claimable row, highest priority and
+/// oldest first: `$1` community, `$2` caller, the grant `$3`..`$6`, `$7`
+/// the agent cap; `{skip}` is where PostgreSQL skips rows another claim
+/// holds. A workflow at its cap is walked past row by row (the bound is
+/// its pending rows in the caller's backlog).
 fn claim_oldest_sql(skip: &str) -> String {
     let rule = claim_sql(
         &ClaimBinds {
             caller: "$2",
             now: "$6",
             lease_end: "$4",
+            agent_cap: "$7",
         },
         Reach::ByPendingIndex,
     );
     format!(
         "UPDATE workflow_agent_deliveries {CLAIM_SET} WHERE community_id = $1 AND {IS_PENDING} AND id = (\
          SELECT id FROM workflow_agent_deliveries WHERE community_id = $1 AND {rule} \
-         ORDER BY next_attempt_at, created_at, id LIMIT 1{skip}) RETURNING {COLS}"
+         ORDER BY priority DESC, next_attempt_at, created_at, id LIMIT 1{skip}) RETURNING {COLS}"
     )
 }
 
@@ -138,6 +164,7 @@ pub async fn claim(
         claim_expires_at: now + lease,
         records_operations: req.records_operations.unwrap_or(false),
         now,
+        agent_cap: (cfg.agent_concurrency > 0).then_some(i64::from(cfg.agent_concurrency)),
     };
     let Some(id) = &req.delivery_id else {
         return Ok(claim_oldest(tx, community, caller, &grant).await?);
@@ -155,6 +182,9 @@ struct Grant {
     records_operations: bool,
     /// The database clock.
     now: i64,
+    /// The claimed rows the caller may hold in the community
+    /// (`deliveries.agent_concurrency`; `None`: no cap).
+    agent_cap: Option<i64>,
 }
 
 /// The `SET` of a claim; its binds are `$3`..`$6` ([`Grant::bind`]).
@@ -198,7 +228,8 @@ async fn claim_as_expected(
         .bind(e.step_id.as_str())
         .bind(e.channel.as_str())
         .bind(def)
-        .bind(msg);
+        .bind(msg)
+        .bind(grant.agent_cap.unwrap_or(0));
     tx.one(q).await?.as_ref().map(delivery).transpose()
 }
 
@@ -220,7 +251,9 @@ async fn claim_named(
     };
     // Another agent's, or cancelled: refused before anything of the row is
     // compared (the caller learns nothing of its bindings).
-    let decided = machine::transition(&d.state(), asked, grant.now);
+    let mut state = d.state();
+    state.in_flight = in_flight(tx, community, &d, grant.agent_cap).await?;
+    let decided = machine::transition(&state, asked, grant.now);
     if let Err(r @ (Refusal::NotTarget | Refusal::Cancelled)) = decided {
         return Err(r.into());
     }
@@ -253,7 +286,72 @@ async fn claim_oldest(
         Dialect::Sqlite => CLAIM_OLDEST_SQLITE.as_str(),
     };
     let q = Q::new(sql).bind(community).bind(caller.to_bytes());
-    tx.one(grant.bind(q)).await?.as_ref().map(delivery).transpose()
+    let q = grant.bind(q).bind(grant.agent_cap.unwrap_or(0));
+    tx.one(q).await?.as_ref().map(delivery).transpose()
+}
+
+/// The row a claim by `agent` without a name would take now, read
+/// without claiming it (to wake its agent when a cap frees a slot): the
+/// claim rule's clauses for a lease that ends now, in the claim's order.
+pub async fn next_claimable(
+    tx: &mut Tx<'_>,
+    community: &str,
+    agent: &[u8; 32],
+    agent_cap: Option<i64>,
+) -> Result<Option<Delivery>, StoreError> {
+    static NEXT: LazyLock<String> = LazyLock::new(|| {
+        let rule = claim_sql(
+            &ClaimBinds {
+                caller: "$2",
+                now: "$3",
+                lease_end: "$3",
+                agent_cap: "$4",
+            },
+            Reach::ByPendingIndex,
+        );
+        format!(
+            "SELECT {COLS} FROM workflow_agent_deliveries WHERE community_id = $1 AND {rule} \
+             ORDER BY priority DESC, next_attempt_at, created_at, id LIMIT 1"
+        )
+    });
+    let now = tx.now().await?;
+    let q = Q::new(NEXT.as_str())
+        .bind(community)
+        .bind(agent.to_vec())
+        .bind(now)
+        .bind(agent_cap.unwrap_or(0));
+    tx.one(q).await?.as_ref().map(delivery).transpose()
+}
+
+/// The claimed rows of `d`'s workflow and of its agent, with their caps
+/// (not counted when neither has a cap).
+async fn in_flight(
+    tx: &mut Tx<'_>,
+    community: &str,
+    d: &Delivery,
+    agent_cap: Option<i64>,
+) -> Result<machine::InFlight, StoreError> {
+    let mut counts = machine::InFlight {
+        workflow_cap: d.concurrency,
+        agent_cap,
+        ..Default::default()
+    };
+    if counts.workflow_cap.is_none() && counts.agent_cap.is_none() {
+        return Ok(counts);
+    }
+    let q = Q::new(
+        "SELECT (SELECT COUNT(*) FROM workflow_agent_deliveries WHERE community_id = $1 AND workflow_id = $2 \
+         AND status = 'claimed') AS workflow, (SELECT COUNT(*) FROM workflow_agent_deliveries \
+         WHERE community_id = $1 AND target_pubkey = $3 AND status = 'claimed') AS agent",
+    )
+    .bind(community)
+    .bind(d.workflow_id.as_str())
+    .bind(d.target.to_vec());
+    if let Some(row) = tx.one(q).await? {
+        counts.workflow = row.int("workflow")?;
+        counts.agent = row.int("agent")?;
+    }
+    Ok(counts)
 }
 
 impl Delivery {
@@ -271,10 +369,10 @@ impl Delivery {
 
 #[cfg(test)]
 mod claim_rule {
-    //! The claim rule said once: every status and every way a row can be
-    //! due or not, through the machine and through both claim statements
-    //! on a real SQLite file.
-    use super::{claim_as_expected, claim_oldest, machine, Grant, On, Transition};
+    //! The claim rule said once: every status, every way a row can be due
+    //! or not and every cap, through the machine (with the counts it loads)
+    //! and through both claim statements on a real SQLite file.
+    use super::{claim_as_expected, claim_named, claim_oldest, machine, Grant, On, Transition};
     use crate::persistence::db::{Tx, Q};
     use crate::persistence::sqlite;
     use crate::persistence::OpenMode;
@@ -302,7 +400,45 @@ mod claim_rule {
         next_attempt_at: i64,
         expires_at: i64,
         revising: bool,
+        caps: Caps,
     }
+
+    /// The caps a case's row is under, and whether one claimed row of the
+    /// same workflow and agent is held already.
+    #[derive(Debug, Clone, Copy)]
+    struct Caps {
+        workflow: Option<i64>,
+        agent: Option<i64>,
+        held: bool,
+    }
+
+    const CAPS: [Caps; 5] = [
+        Caps {
+            workflow: None,
+            agent: None,
+            held: false,
+        },
+        Caps {
+            workflow: None,
+            agent: None,
+            held: true,
+        },
+        Caps {
+            workflow: Some(1),
+            agent: None,
+            held: true,
+        },
+        Caps {
+            workflow: None,
+            agent: Some(1),
+            held: true,
+        },
+        Caps {
+            workflow: Some(2),
+            agent: Some(2),
+            held: true,
+        },
+    ];
 
     fn cases() -> Vec<Case> {
         let mut out = Vec::new();
@@ -311,13 +447,16 @@ mod claim_rule {
                 for next_attempt_at in [NOW - 1, NOW, NOW + 1] {
                     for expires_at in [NOW - 1, NOW, NOW + LEASE - 1, NOW + LEASE, NOW + 1_000] {
                         for revising in [false, true] {
-                            out.push(Case {
-                                status,
-                                is_target,
-                                next_attempt_at,
-                                expires_at,
-                                revising,
-                            });
+                            for caps in CAPS {
+                                out.push(Case {
+                                    status,
+                                    is_target,
+                                    next_attempt_at,
+                                    expires_at,
+                                    revising,
+                                    caps,
+                                });
+                            }
                         }
                     }
                 }
@@ -337,6 +476,12 @@ mod claim_rule {
             expires_at: c.expires_at,
             records_operations: false,
             revising: c.revising,
+            in_flight: machine::InFlight {
+                workflow: i64::from(c.caps.held),
+                workflow_cap: c.caps.workflow,
+                agent: i64::from(c.caps.held),
+                agent_cap: c.caps.agent,
+            },
         };
         let asked = On::Claim {
             is_target: c.is_target,
@@ -353,8 +498,8 @@ mod claim_rule {
             "INSERT INTO workflow_agent_deliveries (community_id, id, workflow_id, run_id, step_id, \
              target_pubkey, channel, definition_event_id, message_event_id, message_created_at, status, \
              attempt, max_attempts, claim_token, claim_expires_at, next_attempt_at, expires_at, \
-             trigger_context, execution_trace, created_at, updated_at, output_errors) \
-             VALUES ($1, 'd', 'w', 'r', 's', $2, 'ch', $3, $4, 1, $5, 1, 3, $6, $7, $8, $9, '{}', '[]', 1, 1, $10)",
+             trigger_context, execution_trace, created_at, updated_at, output_errors, concurrency) \
+             VALUES ($1, 'd', 'w', 'r', 's', $2, 'ch', $3, $4, 1, $5, 1, 3, $6, $7, $8, $9, '{}', '[]', 1, 1, $10, $11)",
         )
         .bind(community)
         .bind(target.to_bytes())
@@ -365,16 +510,35 @@ mod claim_rule {
         .bind((c.status == Status::Claimed).then_some(NOW + 5))
         .bind(c.next_attempt_at)
         .bind(c.expires_at)
-        .bind(crate::persistence::sql::Bind::OptText(c.revising.then(|| "refused".to_string())));
+        .bind(crate::persistence::sql::Bind::OptText(c.revising.then(|| "refused".to_string())))
+        .bind(crate::persistence::sql::Bind::OptInt(c.caps.workflow));
         tx.exec(q).await.expect("insert");
+        if c.caps.held {
+            let q = Q::new(
+                "INSERT INTO workflow_agent_deliveries (community_id, id, workflow_id, run_id, step_id, \
+                 target_pubkey, channel, definition_event_id, message_event_id, message_created_at, status, \
+                 attempt, max_attempts, claim_token, claim_expires_at, next_attempt_at, expires_at, \
+                 trigger_context, execution_trace, created_at, updated_at) \
+                 VALUES ($1, 'held', 'w', 'r', 'held', $2, 'ch', $3, $4, 1, 'claimed', 1, 3, 'other', $5, 0, $6, \
+                 '{}', '[]', 0, 0)",
+            )
+            .bind(community)
+            .bind(target.to_bytes())
+            .bind(vec![1u8; 32])
+            .bind(vec![3u8; 32])
+            .bind(NOW + 5)
+            .bind(NOW + 1_000);
+            tx.exec(q).await.expect("insert the held row");
+        }
     }
 
-    fn grant() -> Grant {
+    fn grant(c: &Case) -> Grant {
         Grant {
             token: "new".into(),
             claim_expires_at: NOW + LEASE,
             records_operations: true,
             now: NOW,
+            agent_cap: c.caps.agent,
         }
     }
 
@@ -404,16 +568,21 @@ mod claim_rule {
         for (i, case) in cases().iter().enumerate() {
             let decided = machine_claims(case);
             let target = if case.is_target { caller } else { other };
-            let (named, oldest) = (format!("named{i}"), format!("oldest{i}"));
+            let (named, oldest, loaded) = (format!("named{i}"), format!("oldest{i}"), format!("loaded{i}"));
             insert(&mut tx, &named, &target, case).await;
             insert(&mut tx, &oldest, &target, case).await;
-            let by_id = claim_as_expected(&mut tx, &named, &caller, "d", Some(&expected), &grant())
+            insert(&mut tx, &loaded, &target, case).await;
+            let by_id = claim_as_expected(&mut tx, &named, &caller, "d", Some(&expected), &grant(case))
                 .await
                 .expect("claim by id");
-            let by_age = claim_oldest(&mut tx, &oldest, &caller, &grant())
+            let by_age = claim_oldest(&mut tx, &oldest, &caller, &grant(case))
                 .await
                 .expect("claim oldest");
-            for (path, got) in [("by id", by_id), ("oldest", by_age)] {
+            // The machine's own path, with the counts it loads.
+            let by_machine = claim_named(&mut tx, &loaded, &caller, "d", None, LEASE, &grant(case))
+                .await
+                .unwrap_or(None);
+            for (path, got) in [("by id", by_id), ("oldest", by_age), ("loaded", by_machine)] {
                 let got = got.map(|d| Transition::Claim {
                     attempt: d.attempt,
                     claim_expires_at: d.claim_expires_at.expect("a lease"),
@@ -422,7 +591,8 @@ mod claim_rule {
             }
             claimed += usize::from(decided.is_some());
         }
-        // Due, alive with room for the lease, pending, the caller's: 2 x 2.
-        assert_eq!(claimed, 4);
+        // Due, alive with room for the lease, pending, the caller's: 2 x 2,
+        // under no cap, or under caps with room (3 of the 5 cap cases).
+        assert_eq!(claimed, 4 * 3);
     }
 }

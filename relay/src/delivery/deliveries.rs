@@ -192,6 +192,10 @@ pub struct Finished {
     /// Spans of the run's trace it ended: the finish, and the delivery
     /// once it is over.
     pub spans: Vec<RunSpan>,
+    /// The row left `claimed` under a cap (its workflow's `concurrency`,
+    /// or the relay's `agent_concurrency`): a row the cap held back may
+    /// now be claimed, and is worth a wake.
+    pub freed_slot: bool,
 }
 
 /// Checks a reply: a kind 9 by the target, in the delivery's channel, whose
@@ -242,6 +246,7 @@ pub async fn finish(
             woke_run: false,
             refused_answer: refused,
             spans: Vec::new(),
+            freed_slot: false,
         });
     }
     let misfit = misfit(&d, req);
@@ -276,6 +281,7 @@ pub async fn finish(
         woke_run: applied.poked,
         refused_answer: misfit.filter(|_| decided == Transition::Revise),
         spans,
+        freed_slot: d.concurrency.is_some() || cfg.agent_concurrency > 0,
     })
 }
 

@@ -42,6 +42,20 @@ pub struct State<'a> {
     /// Its answer was refused (it did not fit the step's output) and the
     /// step has not revised it yet: not claimable until then.
     pub revising: bool,
+    /// The claimed rows a claim of it would join, and their caps.
+    pub in_flight: InFlight,
+}
+
+/// The claimed rows of a row's workflow and of its agent (in its
+/// community), with the caps a claim must stay under: the workflow's
+/// `concurrency` and the relay's `deliveries.agent_concurrency` (`None`:
+/// no cap). Loaded only where a claim is decided from the row.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InFlight {
+    pub workflow: i64,
+    pub workflow_cap: Option<i64>,
+    pub agent: i64,
+    pub agent_cap: Option<i64>,
 }
 
 /// What happens to a row.
@@ -260,15 +274,22 @@ pub enum Claimable {
     LeaseFits,
     /// No refused answer waits for its revision: `output_errors IS NULL`.
     NotRevising,
+    /// Its workflow holds fewer claimed rows than its `concurrency`.
+    WorkflowRoom,
+    /// Its agent holds fewer claimed rows in the community than the
+    /// relay's `agent_concurrency`.
+    AgentRoom,
 }
 
 /// The claim rule, in the order the machine tests it.
-pub const CLAIM_RULE: [Claimable; 5] = [
+pub const CLAIM_RULE: [Claimable; 7] = [
     Claimable::Target,
     Claimable::Pending,
     Claimable::Due,
     Claimable::LeaseFits,
     Claimable::NotRevising,
+    Claimable::WorkflowRoom,
+    Claimable::AgentRoom,
 ];
 
 impl Claimable {
@@ -280,6 +301,11 @@ impl Claimable {
             Claimable::Due => s.next_attempt_at <= now,
             Claimable::LeaseFits => s.expires_at >= lease_end,
             Claimable::NotRevising => !s.revising,
+            Claimable::WorkflowRoom => s
+                .in_flight
+                .workflow_cap
+                .is_none_or(|cap| s.in_flight.workflow < cap),
+            Claimable::AgentRoom => s.in_flight.agent_cap.is_none_or(|cap| s.in_flight.agent < cap),
         }
     }
 }
@@ -354,6 +380,7 @@ mod tests {
             expires_at: NOW + 100,
             records_operations: false,
             revising: false,
+            in_flight: InFlight::default(),
         }
     }
 
@@ -371,6 +398,14 @@ mod tests {
         let mut s = s;
         f(&mut s);
         s
+    }
+
+    /// A claim for a 30 s lease.
+    fn claim_as(is_target: bool) -> Event<'static> {
+        Event::Claim {
+            is_target,
+            lease_secs: 30,
+        }
     }
 
     fn finish(outcome: Outcome) -> Event<'static> {
@@ -392,10 +427,7 @@ mod tests {
             (
                 "claim",
                 pending(),
-                Event::Claim {
-                    is_target: true,
-                    lease_secs: 30,
-                },
+                claim_as(true),
                 Ok(T::Claim {
                     attempt: 1,
                     claim_expires_at: NOW + 30,
@@ -404,37 +436,20 @@ mod tests {
             (
                 "claim in backoff",
                 with(pending(), |s| s.next_attempt_at = NOW + 1),
-                Event::Claim {
-                    is_target: true,
-                    lease_secs: 30,
-                },
+                claim_as(true),
                 Ok(T::NotDue),
             ),
             (
                 "claim after lifetime",
                 with(pending(), |s| s.expires_at = NOW),
-                Event::Claim {
-                    is_target: true,
-                    lease_secs: 30,
-                },
+                claim_as(true),
                 Ok(T::NotDue),
             ),
-            (
-                "claim of a claimed row",
-                claimed(),
-                Event::Claim {
-                    is_target: true,
-                    lease_secs: 30,
-                },
-                Ok(T::NotDue),
-            ),
+            ("claim of a claimed row", claimed(), claim_as(true), Ok(T::NotDue)),
             (
                 "claim of a delivered row",
                 with(claimed(), |s| s.status = Status::Delivered),
-                Event::Claim {
-                    is_target: true,
-                    lease_secs: 30,
-                },
+                claim_as(true),
                 Ok(T::NotDue),
             ),
             (
@@ -451,19 +466,13 @@ mod tests {
             (
                 "claim by another",
                 pending(),
-                Event::Claim {
-                    is_target: false,
-                    lease_secs: 30,
-                },
+                claim_as(false),
                 Err(Refusal::NotTarget),
             ),
             (
                 "claim of a cancelled row",
                 with(pending(), |s| s.status = Status::Cancelled),
-                Event::Claim {
-                    is_target: true,
-                    lease_secs: 30,
-                },
+                claim_as(true),
                 Err(Refusal::Cancelled),
             ),
             // claimed -> delivered / pending / failed
@@ -548,11 +557,47 @@ mod tests {
             (
                 "claim of a row waiting for its revision",
                 with(pending(), |s| s.revising = true),
-                Event::Claim {
-                    is_target: true,
-                    lease_secs: 30,
-                },
+                claim_as(true),
                 Ok(T::NotDue),
+            ),
+            (
+                "claim while its workflow holds its cap",
+                with(pending(), |s| {
+                    s.in_flight.workflow = 2;
+                    s.in_flight.workflow_cap = Some(2)
+                }),
+                claim_as(true),
+                Ok(T::NotDue),
+            ),
+            (
+                "claim with room under its workflow's cap",
+                with(pending(), |s| {
+                    s.in_flight.workflow = 1;
+                    s.in_flight.workflow_cap = Some(2)
+                }),
+                claim_as(true),
+                Ok(T::Claim {
+                    attempt: 1,
+                    claim_expires_at: NOW + 30,
+                }),
+            ),
+            (
+                "claim while its agent holds its cap",
+                with(pending(), |s| {
+                    s.in_flight.agent = 3;
+                    s.in_flight.agent_cap = Some(3)
+                }),
+                claim_as(true),
+                Ok(T::NotDue),
+            ),
+            (
+                "a cap does not hide a row from another agent's claim",
+                with(pending(), |s| {
+                    s.in_flight.agent = 3;
+                    s.in_flight.agent_cap = Some(3)
+                }),
+                claim_as(false),
+                Err(Refusal::NotTarget),
             ),
             // lapsed leases
             (

@@ -19,7 +19,7 @@ pub(crate) const COLS: &str =
     message_event_id, status, attempt, max_attempts, claim_token, claim_expires_at, records_operations, \
     next_attempt_at, expires_at, trigger_context, execution_trace, failure_code, failure_message, \
     reply_event_id, finished_token, finished_outcome, finished_status, created_at, updated_at, awaited, \
-    output_schema, revision, output_errors";
+    output_schema, revision, output_errors, priority, concurrency";
 
 /// A delivery row.
 #[derive(Debug, Clone)]
@@ -58,6 +58,10 @@ pub struct Delivery {
     pub revision: i64,
     /// Why its last answer was refused, until the step revises it.
     pub output_errors: Option<String>,
+    /// Its place in its agent's backlog (the step's `priority`).
+    pub priority: i64,
+    /// Its workflow's cap on claimed rows (`concurrency`), if any.
+    pub concurrency: Option<i64>,
 }
 
 pub(crate) fn delivery(r: &Row) -> Result<Delivery, StoreError> {
@@ -98,6 +102,8 @@ pub(crate) fn delivery(r: &Row) -> Result<Delivery, StoreError> {
         output_schema: r.opt_text("output_schema")?,
         revision: r.int("revision")?,
         output_errors: r.opt_text("output_errors")?,
+        priority: r.int("priority")?,
+        concurrency: r.opt_int("concurrency")?,
     })
 }
 
@@ -114,6 +120,7 @@ impl Delivery {
             expires_at: self.expires_at,
             records_operations: self.records_operations,
             revising: self.output_errors.is_some(),
+            in_flight: machine::InFlight::default(),
         }
     }
 
@@ -365,7 +372,7 @@ mod tests {
             "target_pubkey" | "definition_event_id" | "message_event_id" => Val::Blob(vec![7; 32]),
             "status" => Val::Text("claimed".into()),
             "attempt" | "max_attempts" | "next_attempt_at" | "expires_at" | "created_at" | "updated_at"
-            | "claim_expires_at" | "revision" => Val::Int(col.len() as i64),
+            | "claim_expires_at" | "revision" | "priority" | "concurrency" => Val::Int(col.len() as i64),
             "records_operations" | "awaited" => Val::Bool(true),
             "reply_event_id" | "finished_token" | "finished_outcome" | "finished_status" | "failure_code"
             | "failure_message" => Val::Null,

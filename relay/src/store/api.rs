@@ -259,6 +259,17 @@ impl Store {
         self.calls.run_spending(auth, call).await
     }
 
+    /// The row `agent` would claim next (see `claim::next_claimable`).
+    pub async fn next_claimable(
+        &self,
+        community: &str,
+        agent: &PublicKey,
+        agent_cap: Option<i64>,
+    ) -> Result<Option<Delivery>, StoreError> {
+        let mut tx = self.pool.read().await?;
+        crate::delivery::claim::next_claimable(&mut tx, community, &agent.to_bytes(), agent_cap).await
+    }
+
     /// Deliveries, newest first, as `filter` narrows them.
     pub async fn list_deliveries(
         &self,

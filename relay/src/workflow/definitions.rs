@@ -541,6 +541,7 @@ mod tests {
                 expires_at: 100,
                 records_operations: false,
                 revising: false,
+                in_flight: Default::default(),
             };
             let cancels = transition(&row, Event::Cancel, 5) == Ok(Transition::Cancel);
             let touched = ACTIVE_ROWS.contains(&format!("'{}'", status.as_str()));

@@ -18,7 +18,7 @@ use crate::persistence::db::{Tx, Q};
 use crate::persistence::StoreError;
 use crate::workflow::definitions::new_id;
 
-/// Delivery rows in one insert, at most (21 binds a row: within both
+/// Delivery rows in one insert, at most (23 binds a row: within both
 /// backends' bind limits).
 const MAX_ROWS_PER_INSERT: usize = 500;
 
@@ -35,6 +35,10 @@ struct Binding<'a> {
     pub(crate) extra_tags: Vec<Tag>,
     /// The shape its rows' answers must have (JSON), if the step has one.
     pub(crate) output: Option<String>,
+    /// Its rows' place in their agents' backlogs (the step's `priority`).
+    pub(crate) priority: i64,
+    /// The workflow's cap on its claimed rows (`concurrency`), if any.
+    pub(crate) concurrency: Option<i64>,
 }
 
 /// Renders and signs a step's message, under the same admission rule as
@@ -166,6 +170,8 @@ pub(crate) async fn post(
         recipients: addressed.to,
         extra_tags: addressed.extra_tags,
         output: c.step().output().map(|o| o.to_value().to_string()),
+        priority: i64::from(c.step().priority()),
+        concurrency: c.def.concurrency.map(i64::from),
     };
     let limits = c.env.limits;
     let message = match step_message(tx, c.community, c.keys, &binding, &template, c.now, limits).await? {
@@ -347,12 +353,12 @@ async fn insert_rows(
     now: i64,
     awaited: bool,
 ) -> Result<Vec<[u8; 32]>, StoreError> {
-    const COLS: usize = 21;
+    const COLS: usize = 23;
     let mut q = Q::new(
         "INSERT INTO workflow_agent_deliveries (community_id, id, workflow_id, run_id, step_id, \
          target_pubkey, channel, definition_event_id, message_event_id, message_created_at, status, \
          attempt, max_attempts, next_attempt_at, expires_at, trigger_context, execution_trace, \
-         created_at, updated_at, awaited, output_schema) VALUES ",
+         created_at, updated_at, awaited, output_schema, priority, concurrency) VALUES ",
     );
     let expires = now.saturating_add(i64::try_from(cfg.lifetime_secs).unwrap_or(i64::MAX));
     let (context, trace) = (b.run.trigger_context.to_string(), b.run.trace_json().to_string());
@@ -380,7 +386,9 @@ async fn insert_rows(
             .bind(now)
             .bind(now)
             .bind(awaited)
-            .bind(crate::persistence::sql::Bind::OptText(b.output.clone()));
+            .bind(crate::persistence::sql::Bind::OptText(b.output.clone()))
+            .bind(b.priority)
+            .bind(crate::persistence::sql::Bind::OptInt(b.concurrency));
     }
     debug_assert_eq!(q.binds.len(), rows.len() * COLS);
     q.sql.push_str(

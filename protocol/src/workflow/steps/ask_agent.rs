@@ -34,6 +34,10 @@ pub struct AskAgent {
     /// to the agent with the errors (0 to 5, default 2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revise: Option<u8>,
+    /// Its deliveries' place in an agent's backlog (-10 to 10, default 0;
+    /// higher is claimed first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i8>,
 }
 
 impl AskAgent {
@@ -105,8 +109,14 @@ impl StepKind for AskAgent {
     fn output(&self) -> Option<&OutputSchema> {
         self.output.as_ref()
     }
+    fn priority(&self) -> i8 {
+        self.priority.unwrap_or(crate::workflow::DEFAULT_PRIORITY)
+    }
     fn check(&self, at: &Checking<'_>) -> Result<(), DefinitionError> {
         at.seconds("timeout_secs", self.timeout_secs, ASK_TIMEOUT_SECS)?;
+        if let Some(why) = crate::workflow::priority_problem(self.priority) {
+            return Err(at.field("priority", why));
+        }
         if let Some(output) = &self.output {
             output.check().map_err(|why| at.field("output", why))?;
         }

@@ -64,6 +64,11 @@ pub trait StepKind {
     fn output(&self) -> Option<&OutputSchema> {
         None
     }
+
+    /// The priority of the deliveries it makes (higher is claimed first).
+    fn priority(&self) -> i8 {
+        super::DEFAULT_PRIORITY
+    }
 }
 
 /// What a step's checks at publish may look at.
@@ -202,6 +207,7 @@ trait Kind {
     fn message(&self) -> Option<(&str, bool)>;
     fn check(&self, at: &Checking<'_>) -> Result<(), DefinitionError>;
     fn output(&self) -> Option<&OutputSchema>;
+    fn priority(&self) -> i8;
 }
 
 impl<K: StepKind> Kind for K {
@@ -222,6 +228,9 @@ impl<K: StepKind> Kind for K {
     }
     fn output(&self) -> Option<&OutputSchema> {
         StepKind::output(self)
+    }
+    fn priority(&self) -> i8 {
+        StepKind::priority(self)
     }
 }
 
@@ -254,6 +263,11 @@ impl Step {
     /// The shape of its agents' answers, if it asks for one.
     pub fn output(&self) -> Option<&OutputSchema> {
         self.kind().output()
+    }
+
+    /// The priority of the deliveries it makes.
+    pub fn priority(&self) -> i8 {
+        self.kind().priority()
     }
 
     /// What later steps' conditions may read of this one: its kind's

@@ -16,6 +16,10 @@ pub struct SendMessage {
     pub reply_in_thread: bool,
     #[serde(rename = "if", default, skip_serializing_if = "Option::is_none")]
     pub condition: Option<String>,
+    /// Its deliveries' place in an agent's backlog (-10 to 10, default 0;
+    /// higher is claimed first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i8>,
 }
 
 /// A `send_message` step's output.
@@ -42,7 +46,13 @@ impl StepKind for SendMessage {
     fn message(&self) -> Option<(&str, bool)> {
         Some((&self.text, self.reply_in_thread))
     }
-    fn check(&self, _: &Checking<'_>) -> Result<(), DefinitionError> {
-        Ok(())
+    fn check(&self, at: &Checking<'_>) -> Result<(), DefinitionError> {
+        match crate::workflow::priority_problem(self.priority) {
+            Some(why) => Err(at.field("priority", why)),
+            None => Ok(()),
+        }
+    }
+    fn priority(&self) -> i8 {
+        self.priority.unwrap_or(crate::workflow::DEFAULT_PRIORITY)
     }
 }

@@ -63,8 +63,8 @@ struct Args {
     /// REQs in flight on each connection of the saturating query load.
     #[arg(long, default_value_t = 4)]
     load_depth: usize,
-    /// Figures to run (comma separated): ingest,query (with search and sync),fanout,delivery,pipeline,memory.
-    #[arg(long, default_value = "ingest,query,fanout,delivery,pipeline,memory")]
+    /// Figures to run (comma separated): ingest,query (with search and sync),fanout,delivery,pipeline,fairness,memory.
+    #[arg(long, default_value = "ingest,query,fanout,delivery,pipeline,fairness,memory")]
     only: String,
     /// Extra environment of the measured relay (`KEY=VALUE`, repeatable),
     /// e.g. `RUST_LOG=info,relay=debug,access=off` to measure without the
@@ -704,12 +704,26 @@ async fn start_agents(
     channel: &str,
     refusals: &Arc<AtomicUsize>,
 ) -> tokio::sync::mpsc::UnboundedReceiver<(Instant, String)> {
+    start_agents_at(relay.addr, agents, channel, refusals).await
+}
+
+/// [`start_agents`] in the community served at `addr`.
+async fn start_agents_at(
+    addr: std::net::SocketAddr,
+    agents: &[Keys],
+    channel: &str,
+    refusals: &Arc<AtomicUsize>,
+) -> tokio::sync::mpsc::UnboundedReceiver<(Instant, String)> {
     let (done_tx, done_rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, String)>();
-    let http = format!("http://{}", relay.addr);
+    let http = format!("http://{addr}");
     let mut ready = Vec::new();
     for a in agents.iter().cloned() {
-        let (url, http, done_tx, channel) =
-            (relay.ws_url(), http.clone(), done_tx.clone(), channel.to_string());
+        let (url, http, done_tx, channel) = (
+            format!("ws://{addr}"),
+            http.clone(),
+            done_tx.clone(),
+            channel.to_string(),
+        );
         let (rtx, rrx) = tokio::sync::oneshot::channel();
         ready.push(rrx);
         let refusals = refusals.clone();
@@ -719,6 +733,83 @@ async fn start_agents(
         let _ = r.await;
     }
     done_rx
+}
+
+/// Fair shares under a flood: a quiet community's trigger-to-claim
+/// latency, alone and while another community (on the relay's second
+/// address) works through a flood of deliveries posted back to back just
+/// before, on one relay. Each community has one workflow (a message
+/// mentioning its one agent) and one simulated agent; the quiet one's
+/// triggers are paced.
+async fn fairness(relay: &Relay, quick: bool) {
+    use tests::workflow::{on_message, Fixture};
+    let flood_n = if quick { 3_000 } else { 10_000 };
+    let (quiet_n, pace) = (if quick { 40 } else { 100 }, Duration::from_millis(25));
+    let flood_addr = relay.addrs[1];
+    relay.cli(&[
+        "community",
+        "add",
+        "--id",
+        "flood",
+        "--host",
+        &flood_addr.ip().to_string(),
+        "--url",
+        &format!("ws://{flood_addr}"),
+    ]);
+    let refusals = Arc::new(AtomicUsize::new(0));
+    let mut quiet = Fixture::new(relay, "quiet", 1).await;
+    let text = format!("{} go {{{{trigger.text}}}}", quiet.mention(0));
+    quiet.define("quiet", &on_message(&text)).await;
+    let mut quiet_rx = start_agents(relay, &quiet.agents, "quiet", &refusals).await;
+    let mut flood = Fixture::new_on(flood_addr, "flood", 1).await;
+    let text = format!("{} go {{{{trigger.text}}}}", flood.mention(0));
+    flood.define("flood", &on_message(&text)).await;
+    let mut flood_rx = start_agents_at(flood_addr, &flood.agents, "flood", &refusals).await;
+    // Warm-up, both communities (the engine reads new communities once a
+    // second: the flood's first delivery shows it knows this one).
+    triggers(&mut quiet, &mut quiet_rx, "warm", 10, 1, Some(pace)).await;
+    let (warm, _) = triggers(&mut flood, &mut flood_rx, "warm", 5, 1, None).await;
+    assert_eq!(warm.len(), 5, "the flood's community works");
+    let (alone, alone_faults) = triggers(&mut quiet, &mut quiet_rx, "alone", quiet_n, 1, Some(pace)).await;
+    let floods: Vec<Event> = (0..flood_n)
+        .map(|i| tests::event(&flood.owner, 9, &format!("flood {i}"), &[&["h", "flood"]]))
+        .collect();
+    let posted = Instant::now();
+    let (accepted, _) = pump(format!("ws://{flood_addr}"), floods, 256).await;
+    let post_secs = posted.elapsed().as_secs_f64();
+    let flooded_done = Arc::new(AtomicUsize::new(0));
+    let counter = flooded_done.clone();
+    let drain = tokio::spawn(async move {
+        while flood_rx.recv().await.is_some() {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    let (during, faults) = triggers(&mut quiet, &mut quiet_rx, "during", quiet_n, 1, Some(pace)).await;
+    let flood_claimed = flooded_done.load(Ordering::Relaxed);
+    let flood_wait = Instant::now();
+    while flooded_done.load(Ordering::Relaxed) < accepted && flood_wait.elapsed() < Duration::from_secs(300) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let drained_secs = posted.elapsed().as_secs_f64();
+    drain.abort();
+    let (p99_alone, p99_during) = (percentile(&alone, 0.99), percentile(&during, 0.99));
+    let incomplete = alone_faults.missing + faults.missing + refusals.load(Ordering::Relaxed);
+    println!(
+        "fairness: quiet community trigger sent to claim, {quiet_n} triggers every {} ms: alone p50 {:.1} ms p99 {:.1} ms; \
+         during another community's flood of {accepted} deliveries (posted in {post_secs:.1} s, all claimed {drained_secs:.1} s \
+         after the first; {flood_claimed} claimed when the quiet one's last was): p50 {:.1} ms p99 {:.1} ms; \
+         p99 during / alone {:.2}x{}",
+        pace.as_millis(),
+        percentile(&alone, 0.5),
+        p99_alone,
+        percentile(&during, 0.5),
+        p99_during,
+        p99_during / p99_alone.max(0.001),
+        match incomplete {
+            0 => String::new(),
+            n => format!(" INCOMPLETE: {n} quiet deliveries missing or claims refused"),
+        }
+    );
 }
 
 /// Agents asked by every run of the pipeline figure.
@@ -1120,12 +1211,14 @@ async fn main() {
         .filter_map(|kv| kv.split_once('='))
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    let relay = Relay::start_opts(
-        &backend,
+    // A second address, for the fairness figure's second community.
+    let relay = Relay::start_listening(
+        tests::relay::Store::new(&backend),
         RelayOptions {
             config_toml: format!("{metrics}{}", bench_toml(&args.sqlite_synchronous)),
             env,
         },
+        "127.0.0.1:0,127.0.0.2:0",
     );
     println!(
         "bench backend={} quick={} rounds={rounds} date={}",
@@ -1174,6 +1267,9 @@ async fn main() {
     }
     if only.contains(&"pipeline") {
         pipeline(&relay, rounds, args.quick).await;
+    }
+    if only.contains(&"fairness") {
+        fairness(&relay, args.quick).await;
     }
     if only.contains(&"query") {
         let load = (args.load_conns, args.load_depth);
