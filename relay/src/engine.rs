@@ -330,37 +330,35 @@ async fn pass(state: &Arc<AppState>, keys: &mut Communities, schedules_due: bool
     more
 }
 
-/// Advances one round of due runs. A community alone with due runs takes
-/// up to `run_batch` of them (every run due when the round began is then
-/// advanced before the next round begins, which tests' barriers rely on:
-/// `tests::workflow::Fixture::barrier`). When several have due runs, each
-/// takes its share (`weight` x `concurrent_runs`, at most `run_batch`),
-/// served in weighted turns (`shares::weighted_turns`), and the next round
-/// follows at once: a community with a backlog of thousands takes its
-/// share of each round, and another's new run waits for one round, not
-/// for the backlog. Returns whether a community had more due than the
-/// round took and the round got on (a round whose every step failed does
-/// not ask for another at once).
+/// Advances one round of due runs: each community's share (`weight` x
+/// `concurrent_runs`, at most `run_batch`) of its oldest due runs
+/// (`views::due_runs`), served in weighted turns (`shares::weighted_turns`);
+/// when a community had more, the next round follows at once. A community
+/// with a backlog of thousands thus takes its share of each round, and
+/// another's new run waits for one round, not for the backlog. Every run
+/// of a round ends (as far as it goes) before the next round begins, and a
+/// round takes the oldest due runs first, so a run due before another was
+/// created is advanced no later (the tests' barrier relies on it:
+/// `tests::workflow::Fixture::barrier`). Returns whether a community had
+/// more due than its share and the round got on (a round whose every
+/// step failed does not ask for another at once).
 async fn run_round(state: &Arc<AppState>, all: &[(String, Keys)]) -> bool {
     let wf = &state.cfg.workflows;
-    let batch = wf.run_batch.max(1);
     let mut lines = Vec::with_capacity(all.len());
+    let mut more = false;
     for (i, (community, _)) in all.iter().enumerate() {
-        match state.store.due_runs(community, batch).await {
-            Ok(runs) if !runs.is_empty() => {
-                let weight = state.cfg.weight(community);
+        let weight = state.cfg.weight(community);
+        let share = weight
+            .saturating_mul(wf.concurrent_runs.max(1) as u32)
+            .clamp(1, wf.run_batch.max(1));
+        // One more than the share: whether there is more is then known.
+        match state.store.due_runs(community, share + 1).await {
+            Ok(mut runs) => {
+                more |= runs.len() > share as usize;
+                runs.truncate(share as usize);
                 lines.push((weight, runs.into_iter().map(|run| (i, run)).collect::<Vec<_>>()));
             }
-            Ok(_) => {}
             Err(e) => tracing::warn!(community, error = %e, "listing runs failed"),
-        }
-    }
-    let mut more = lines.iter().any(|(_, runs)| runs.len() as u32 >= batch);
-    if lines.len() > 1 {
-        for (weight, runs) in &mut lines {
-            let share = weight.saturating_mul(wf.concurrent_runs.max(1) as u32).min(batch) as usize;
-            more |= runs.len() > share;
-            runs.truncate(share);
         }
     }
     // Side by side: a step waits on the database for most of its time, and

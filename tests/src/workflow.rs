@@ -104,12 +104,13 @@ impl Fixture {
     /// The positive barrier of a "nothing happened" check: two runs of a
     /// manual workflow `barrier` (one step, skipped by its `if`: it posts
     /// nothing and creates no delivery), the second started after the
-    /// first ended. The engine advances runs in passes, one after another,
-    /// and a pass advances every run that was due when it began as far as
-    /// it goes before the next pass begins; the second barrier run was
-    /// created after the first ended, so a later pass ran it. When it has
-    /// ended, every run, wake and sweep that was due before this call has
-    /// been done. Counts of runs should name their workflow
+    /// first ended. The engine advances runs in rounds, one after another;
+    /// a round takes a community's oldest due runs first (by creation), so
+    /// one that took the first barrier run took every run due before it,
+    /// and every run of a round ends before the next round begins; the
+    /// second barrier run was created after the first ended, so a later
+    /// round ran it. When it has ended, every run, wake and sweep that was
+    /// due before this call has been done. Counts of runs should name their workflow
     /// (`runs list --workflow`), since these runs count too.
     pub async fn barrier(&mut self, relay: &Relay) {
         if !self.barrier_defined {

@@ -16,64 +16,45 @@ use crate::workflow::definitions::{load_definition, ACTIVE_ROWS};
 const NOT_PAUSED: &str = "NOT EXISTS (SELECT 1 FROM workflows w WHERE w.community_id = r.community_id \
      AND w.id = r.workflow_id AND w.paused)";
 
-/// Runs with a step to execute now, oldest first: the running ones, the
-/// waiting ones whose `wake_at` passed (by the database's clock), then
-/// the ones a finish woke.
+/// Up to `limit` runs with a step to execute now, oldest (by creation)
+/// first, whatever made them due: running, waiting with `wake_at` passed
+/// (by the database's clock), or woken by a finish. One order for all
+/// three means a run due before another was created is taken no later
+/// than it (the engine's rounds take a prefix of this list, and the tests'
+/// barrier relies on it: `tests::workflow::Fixture::barrier`).
 /// Single statements, so they need no transaction (the engine asks after
 /// every trigger; a read transaction around them was two round trips more
 /// each time).
 pub async fn due_runs(pool: &Pool, community: &str, limit: u32) -> Result<Vec<String>, StoreError> {
-    let running = pool
-        .all(
-            Q::new(format!(
-                "SELECT id FROM workflow_runs r WHERE community_id = $1 AND status = 'running' \
-                 AND {NOT_PAUSED} ORDER BY created_at, id LIMIT $2"
-            ))
-            .bind(community)
-            .bind(i64::from(limit)),
-        )
-        .await?;
-    let mut ids: Vec<String> = running.iter().map(|r| r.text(0)).collect::<Result<_, _>>()?;
-    let room = limit.saturating_sub(u32::try_from(ids.len()).unwrap_or(u32::MAX));
-    if room == 0 {
-        return Ok(ids);
-    }
     let now = pool.dialect().now();
-    let waiting = pool
-        .all(
-            Q::new(format!(
-                "SELECT id FROM workflow_runs r WHERE community_id = $1 AND status = 'waiting' \
-                 AND wake_at <= {now} AND {NOT_PAUSED} ORDER BY wake_at, id LIMIT $2"
-            ))
-            .bind(community)
-            .bind(i64::from(room)),
-        )
-        .await?;
-    for r in &waiting {
-        ids.push(r.text(0)?);
-    }
-    let room = limit.saturating_sub(u32::try_from(ids.len()).unwrap_or(u32::MAX));
-    if room == 0 {
-        return Ok(ids);
-    }
-    let woken = pool
-        .all(
-            Q::new(format!(
-                "SELECT DISTINCT run_id FROM workflow_run_wakes k WHERE community_id = $1 AND NOT EXISTS \
-                 (SELECT 1 FROM workflow_runs r WHERE r.community_id = k.community_id AND r.id = k.run_id \
-                 AND NOT {NOT_PAUSED}) LIMIT $2"
-            ))
-            .bind(community)
-            .bind(i64::from(room)),
-        )
-        .await?;
-    for r in &woken {
-        let id = r.text(0)?;
-        if !ids.contains(&id) {
-            ids.push(id);
+    let sources = [
+        format!(
+            "SELECT id, created_at FROM workflow_runs r WHERE community_id = $1 AND status = 'running' \
+             AND {NOT_PAUSED} ORDER BY created_at, id LIMIT $2"
+        ),
+        format!(
+            "SELECT id, created_at FROM workflow_runs r WHERE community_id = $1 AND status = 'waiting' \
+             AND wake_at <= {now} AND {NOT_PAUSED} ORDER BY created_at, id LIMIT $2"
+        ),
+        format!(
+            "SELECT id, created_at FROM workflow_runs r WHERE community_id = $1 AND id IN \
+             (SELECT run_id FROM workflow_run_wakes WHERE community_id = $1) \
+             AND {NOT_PAUSED} ORDER BY created_at, id LIMIT $2"
+        ),
+    ];
+    let mut due: Vec<(i64, String)> = Vec::new();
+    for sql in sources {
+        let rows = pool
+            .all(Q::new(sql).bind(community).bind(i64::from(limit)))
+            .await?;
+        for r in &rows {
+            due.push((r.int(1)?, r.text(0)?));
         }
     }
-    Ok(ids)
+    due.sort();
+    due.dedup_by(|a, b| a.1 == b.1);
+    due.truncate(limit as usize);
+    Ok(due.into_iter().map(|(_, id)| id).collect())
 }
 
 /// The workflow and channel of a run, and where it is.
