@@ -299,8 +299,7 @@ fn finish_spans(community: &str, d: &Delivery, outcome: Outcome, status: Status,
     .with("workflow.delivery.outcome", outcome.as_str())
     .with("workflow.delivery.attempt", d.attempt.to_string())];
     if status.is_terminal() {
-        let step = protocol::trace::TraceParent::of_run(&span.trace_hex())
-            .map(|run| run.child(&format!("step:{}", d.step_id)));
+        let step = protocol::trace::step_span(&span.trace_hex(), &d.step_id);
         let mut whole = RunSpan::new(format!("delivery {}", d.id), span, step, d.created_at, now)
             .with("workflow.delivery.status", status.as_str())
             .with("workflow.delivery.agent", hex::encode(d.target));

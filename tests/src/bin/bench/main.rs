@@ -812,16 +812,35 @@ async fn fairness(relay: &Relay, quick: bool) {
     );
 }
 
+/// The measured relay's extra environment (`--relay-env`).
+fn relay_env(args: &Args) -> Vec<(String, String)> {
+    args.relay_env
+        .iter()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
 /// Agents asked by every run of the pipeline figure.
 const PIPELINE_AGENTS: usize = 20;
+
+/// What a pipeline figure's ask step adds.
+#[derive(Clone, Copy, PartialEq)]
+enum Variant {
+    /// Plain text answers.
+    Plain,
+    /// An `output` schema: every answer is checked at finish, and the
+    /// summary's condition reads a typed field.
+    Shaped,
+}
 
 /// The three-step workflow end to end: each trigger's run asks all
 /// [`PIPELINE_AGENTS`] agents (`ask_agent`, waiting for every reply),
 /// posts a summary quoting them when every reply checks out (`if`,
 /// `send_message`), and skips the escalation (`if` false). Runs per second over back-to-back triggers, and
 /// the time from sending the trigger to the final message reaching a
-/// subscriber.
-async fn pipeline(relay: &Relay, rounds: usize, quick: bool) {
+/// subscriber. `label` names the figure's variant (and its channels).
+async fn pipeline(relay: &Relay, rounds: usize, quick: bool, variant: Variant, label: &str) {
     use tests::workflow::Fixture;
     let runs_n = if quick { 20 } else { 50 };
     let (mut rates, mut p50s, mut p99s) = (Vec::new(), Vec::new(), Vec::new());
@@ -829,16 +848,31 @@ async fn pipeline(relay: &Relay, rounds: usize, quick: bool) {
     for round in 0..=rounds {
         let warm_up = round == 0;
         let n = if warm_up { 5 } else { runs_n };
-        let channel = format!("pipe-{round}");
+        let channel = format!("pipe-{label}-{round}");
         let mut fx = Fixture::new(relay, &channel, PIPELINE_AGENTS).await;
         let mentions: Vec<String> = (0..PIPELINE_AGENTS).map(|i| fx.mention(i)).collect();
+        let mut ask = json!({"id": "ask", "action": "ask_agent",
+                             "text": format!("{} look at {{{{trigger.text}}}}", mentions.join(" "))});
+        let (fine, not_fine) = match variant {
+            Variant::Plain => (
+                "steps.ask.output.replies.all(r, r.text == 'ack')",
+                "steps.ask.output.replies.exists(r, r.text != 'ack')",
+            ),
+            Variant::Shaped => {
+                ask["output"] = json!({"type": "object", "required": ["ok"],
+                                       "properties": {"ok": {"type": "boolean"}}});
+                (
+                    "steps.ask.output.ok && steps.ask.output.replies.all(r, r.status == 'delivered')",
+                    "!steps.ask.output.ok",
+                )
+            }
+        };
         fx.define(
-            &format!("pipe{round}"),
-            &json!({"name": "pipeline", "trigger": {"on": "message_posted"}, "steps": [
-                {"id": "ask", "action": "ask_agent", "text": format!("{} look at {{{{trigger.text}}}}", mentions.join(" "))},
-                {"id": "summary", "action": "send_message", "if": "steps.ask.output.replies.all(r, r.text == 'ack')",
+            &format!("pipe{label}{round}"),
+            &json!({"name": "pipeline", "trigger": {"on": "message_posted"}, "steps": [ask,
+                {"id": "summary", "action": "send_message", "if": fine,
                  "text": "summary of {{trigger.text}}: {{steps.ask.output.reply}}"},
-                {"id": "escalate", "action": "send_message", "if": "steps.ask.output.replies.exists(r, r.text != 'ack')",
+                {"id": "escalate", "action": "send_message", "if": not_fine,
                  "text": "escalating {{trigger.text}}"}]}),
         )
         .await;
@@ -875,7 +909,7 @@ async fn pipeline(relay: &Relay, rounds: usize, quick: bool) {
         p99s.push(percentile(&lat, 0.99));
     }
     println!(
-        "pipeline: {:.1} runs/s (ask_agent to {PIPELINE_AGENTS} agents -> if on their replies -> send_message, a skipped step), \
+        "pipeline ({label}): {:.1} runs/s (ask_agent to {PIPELINE_AGENTS} agents -> if on their replies -> send_message, a skipped step), \
          trigger sent to final message p50 {:.1} ms, p99 {:.1} ms{}",
         median(rates),
         median(p50s),
@@ -1047,7 +1081,13 @@ async fn simulated_agent(
             .as_str()
             .unwrap_or_default()
             .to_string();
-        let reply = EventBuilder::new(Kind::from_u16(9), "ack")
+        // An answer in the asked shape when the step gives one.
+        let answer = if d["output"].is_null() {
+            "ack"
+        } else {
+            r#"{"ok": true}"#
+        };
+        let reply = EventBuilder::new(Kind::from_u16(9), answer)
             .tags([
                 Tag::custom("h", [channel.as_str()]),
                 Tag::custom(
@@ -1205,12 +1245,7 @@ async fn main() {
     } else {
         ""
     };
-    let env = args
-        .relay_env
-        .iter()
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
+    let env = relay_env(&args);
     // A second address, for the fairness figure's second community.
     let relay = Relay::start_listening(
         tests::relay::Store::new(&backend),
@@ -1266,7 +1301,37 @@ async fn main() {
         delivery(&relay, rounds, args.quick, args.delivery_rate).await;
     }
     if only.contains(&"pipeline") {
-        pipeline(&relay, rounds, args.quick).await;
+        pipeline(&relay, rounds, args.quick, Variant::Plain, "plain").await;
+        pipeline(
+            &relay,
+            rounds,
+            args.quick,
+            Variant::Shaped,
+            "answers checked against an output schema",
+        )
+        .await;
+        // The same with every run's trace exported over OTLP to a
+        // collector in this process (a second relay: the exporter is set
+        // at start).
+        let collector = tests::hooks::HookServer::start().await;
+        collector.answer("/v1/traces", tests::hooks::Answer::json(200, json!({})));
+        let traced = Relay::start_opts(
+            &backend,
+            RelayOptions {
+                config_toml: format!(
+                    "otlp_endpoint = \"{}\"\n{metrics}{}",
+                    collector.url("/v1/traces"),
+                    bench_toml(&args.sqlite_synchronous)
+                ),
+                env: relay_env(&args),
+            },
+        );
+        pipeline(&traced, rounds, args.quick, Variant::Plain, "traced").await;
+        pipeline(&relay, rounds, args.quick, Variant::Plain, "plain again").await;
+        println!(
+            "pipeline (traced): the collector received {} OTLP exports",
+            collector.received("/v1/traces").len()
+        );
     }
     if only.contains(&"fairness") {
         fairness(&relay, args.quick).await;
