@@ -295,6 +295,19 @@ pub fn refused(answer: (u16, Value), status: u16, prefix: &str) {
 /// A management call (NIP-86): `POST /` with the RPC content type and a
 /// NIP-98 header for `u` (`http://<host>/`, or the WebSocket form).
 pub async fn rpc_as(relay: &Relay, keys: &Keys, u: &str, method: &str, params: Value) -> (u16, Value) {
+    try_rpc_as(relay, keys, u, method, params)
+        .await
+        .expect("management call")
+}
+
+/// [`rpc_as`], `None` when no answer came (the relay died under the call).
+pub async fn try_rpc_as(
+    relay: &Relay,
+    keys: &Keys,
+    u: &str,
+    method: &str,
+    params: Value,
+) -> Option<(u16, Value)> {
     let body = json!({"method": method, "params": params}).to_string();
     let auth = protocol::nip98::header(keys, "POST", u, body.as_bytes());
     let resp = reqwest::Client::new()
@@ -303,16 +316,23 @@ pub async fn rpc_as(relay: &Relay, keys: &Keys, u: &str, method: &str, params: V
         .header("Content-Type", protocol::nip86::CONTENT_TYPE)
         .header("Authorization", auth)
         .body(body)
+        .timeout(Duration::from_secs(60))
         .send()
         .await
-        .expect("management call");
+        .ok()?;
     let status = resp.status().as_u16();
-    let text = resp.text().await.unwrap_or_default();
-    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    let text = resp.text().await.ok()?;
+    Some((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
 }
 
 /// A management call signed for `http://<relay address>/`.
 pub async fn rpc(relay: &Relay, keys: &Keys, method: &str, params: Value) -> (u16, Value) {
     let u = format!("http://{}/", relay.addr);
     rpc_as(relay, keys, &u, method, params).await
+}
+
+/// [`rpc`], `None` when no answer came.
+pub async fn try_rpc(relay: &Relay, keys: &Keys, method: &str, params: Value) -> Option<(u16, Value)> {
+    let u = format!("http://{}/", relay.addr);
+    try_rpc_as(relay, keys, &u, method, params).await
 }

@@ -51,6 +51,8 @@ fn campaign(args: &[&str]) {
         "runs_without_final=0",
         "webhook_calls_twice=0",
         "approvals_decided_twice=0",
+        "reruns_missing=0",
+        "reruns_twice=0",
     ] {
         assert!(summary.contains(&format!(" {bad} ")), "{summary}");
     }
@@ -58,6 +60,7 @@ fn campaign(args: &[&str]) {
         !summary.contains(" acked=0 "),
         "nothing was acknowledged: {summary}"
     );
+    assert!(!summary.contains(" reruns=0 "), "nothing was rerun: {summary}");
     // Every chosen kill point was reached.
     let reached = stdout
         .lines()

@@ -354,6 +354,7 @@ pub async fn rerun_run(
     let mut tags = action_tags("rerunrun", "run", run_id, &by);
     tags.push(Tag::custom("rerun", [r.run_id.as_str()]));
     let notice = notices::post(tx, community, keys, &r.channel, text, tags, now).await?;
+    crate::faults::check("rerun:before_commit")?;
     Ok((answer, Some(notice)))
 }
 

@@ -114,10 +114,15 @@ enum Point {
     /// In the transaction that posts the revision of a refused answer,
     /// after the refusing finish committed.
     RelayWhileRevising,
+    /// In the transaction of a rerun (NIP-86 `rerunrun`) of a run whose
+    /// webhook call failed, after the rerun and its notice were written;
+    /// the request is then asked again, as a client does when no answer
+    /// came.
+    RelayWhileRerunning,
     Random,
 }
 
-const POINTS: [Point; 17] = [
+const POINTS: [Point; 18] = [
     Point::AgentBeforeClaim,
     Point::AgentAfterClaim,
     Point::AgentAfterRecordedWrite,
@@ -134,6 +139,7 @@ const POINTS: [Point; 17] = [
     Point::RelayAfterWebhookAnswer,
     Point::RelayWhileAwaitingApproval,
     Point::RelayWhileRevising,
+    Point::RelayWhileRerunning,
     Point::Random,
 ];
 
@@ -169,6 +175,7 @@ impl Point {
             Point::RelayAfterWebhookAnswer => ("relay", "webhook:after_answer=kill*1"),
             Point::RelayWhileAwaitingApproval => ("relay", "approval:before_end=kill*1"),
             Point::RelayWhileRevising => ("relay", "revision:after_reissue=kill*1"),
+            Point::RelayWhileRerunning => ("relay", "rerun:before_commit=kill*1"),
             Point::Random => return None,
         })
     }
@@ -208,6 +215,13 @@ struct Counts {
     acked_without_run: usize,
     /// Deliveries marked delivered whose side effect never ran.
     delivered_without_effect: usize,
+    /// Failed runs rerun (their reruns are counted as runs).
+    reruns: usize,
+    /// Failed runs asked to be rerun that have no rerun.
+    reruns_missing: usize,
+    /// Runs rerun twice, with two notices, or a request asked again that
+    /// did not name the same rerun.
+    reruns_twice: usize,
     kills: usize,
     points_reached: HashMap<String, (usize, usize)>,
     /// By kill point: (deliveries and runs that failed visibly, all of them).
@@ -239,6 +253,9 @@ impl Counts {
         self.unreadable += o.unreadable;
         self.acked_without_run += o.acked_without_run;
         self.delivered_without_effect += o.delivered_without_effect;
+        self.reruns += o.reruns;
+        self.reruns_missing += o.reruns_missing;
+        self.reruns_twice += o.reruns_twice;
         self.kills += o.kills;
         for (from, to) in [
             (&o.points_reached, &mut self.points_reached),
@@ -317,6 +334,8 @@ impl Counts {
             + self.unreadable
             + self.acked_without_run
             + self.delivered_without_effect
+            + self.reruns_missing
+            + self.reruns_twice
     }
 }
 
@@ -595,6 +614,12 @@ async fn trial(
     }
     let armed = faults.first().copied();
     let tag = format!("trial-{t}-");
+    let rerunning = point == Point::RelayWhileRerunning;
+    if rerunning {
+        // The trial's one-step runs fail; they are rerun once it is fixed.
+        let down = Answer::json(500, serde_json::json!({"error": "down"}));
+        lane.hooks.answer("/once", down);
+    }
     // Post the trial's messages; a message counts only once acknowledged
     // (the relay may die under the poster: what was not acknowledged was
     // never promised).
@@ -642,6 +667,9 @@ async fn trial(
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
+    if rerunning {
+        ask_reruns(lane, &tag, acked.len()).await;
+    }
     let reached = match armed {
         Some((which, _)) => wait_exit(lane, which, Duration::from_secs(30)).await,
         None => {
@@ -661,6 +689,9 @@ async fn trial(
     let key = format!("{point:?}");
     c.points_reached.insert(key.clone(), (usize::from(reached), 1));
     revive(lane);
+    if rerunning {
+        c.reruns_twice += ask_reruns_again(lane, &tag).await;
+    }
     c.acked += acked.len();
     c.unreadable += unreadable(lane, &acked).await;
     let texts: Vec<String> = acked.into_iter().map(|(text, _)| text).collect();
@@ -702,6 +733,94 @@ async fn unreadable(lane: &Lane, acked: &[(String, String)]) -> usize {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     ids.len() - found
+}
+
+/// The trial's one-step runs that failed on the server's 500, once every
+/// one of the `expected` has ended (up to 30 s).
+async fn failed_origins(lane: &Lane, tag: &str, expected: usize) -> Vec<String> {
+    let of_trial = format!(
+        "FROM workflow_runs WHERE workflow_id = 'once' AND cause_type <> 'rerun' \
+         AND trigger_context LIKE '%\"{tag}%'"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let counts = lane.store.sql_retrying(&format!(
+            "SELECT COUNT(*), COALESCE(SUM(CASE WHEN status IN ('running', 'waiting') THEN 1 ELSE 0 END), 0) \
+             {of_trial}"
+        ));
+        let mut n = counts.trim().split('|').map(|v| v.parse::<usize>().unwrap_or(0));
+        let (all, open) = (n.next().unwrap_or(0), n.next().unwrap_or(1));
+        if (all >= expected && open == 0) || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    lane.store
+        .sql_retrying(&format!(
+            "SELECT id {of_trial} AND status = 'failed' AND error_code = 'http_500'"
+        ))
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Once the trial's one-step runs failed, fixes the server and asks (as
+/// the owner, NIP-86 `rerunrun`) to rerun each; stops at the first
+/// request that gets no answer (the relay died in it).
+async fn ask_reruns(lane: &Lane, tag: &str, expected: usize) {
+    let origins = failed_origins(lane, tag, expected).await;
+    let fixed = Answer::json(200, serde_json::json!({"ok": true}));
+    lane.hooks.answer("/once", fixed);
+    for id in origins {
+        let asked = tests::workflow::try_rpc(
+            &lane.relays[0],
+            &lane.fx.owner,
+            "rerunrun",
+            serde_json::json!([id]),
+        );
+        if asked.await.is_none() {
+            break;
+        }
+    }
+}
+
+/// After the revival, asks for every rerun again until answered (up to
+/// 30 s each), then once more: the second answer must name the same rerun
+/// as made before (`created` false). Returns how many did not.
+async fn ask_reruns_again(lane: &Lane, tag: &str) -> usize {
+    let mut twice = 0;
+    for id in failed_origins(lane, tag, 0).await {
+        let ask = || {
+            tests::workflow::try_rpc(
+                &lane.relays[0],
+                &lane.fx.owner,
+                "rerunrun",
+                serde_json::json!([id]),
+            )
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let first = loop {
+            match ask().await {
+                Some((200, v)) => break Some(v["result"].clone()),
+                _ if Instant::now() > deadline => break None,
+                _ => tokio::time::sleep(Duration::from_millis(300)).await,
+            }
+        };
+        let Some(first) = first else {
+            continue; // no rerun: counted missing by `check_runs`
+        };
+        let again = ask().await.map(|(_, v)| v["result"].clone());
+        let same = again.as_ref().is_some_and(|a| {
+            a["created"] == false && a["rerun"] == first["rerun"] && first["rerun"].is_string()
+        });
+        if !same {
+            eprintln!("rerun of {id} asked again: {first} then {again:?}");
+            twice += 1;
+        }
+    }
+    twice
 }
 
 /// The OK for `id` within 5 s; `None` if the connection ended or nothing came.
@@ -850,18 +969,20 @@ async fn check_runs(lane: &Lane, point: &str, tag: &str, acked: &[String], c: &m
          WHERE trigger_context LIKE '%\"{tag}%'"
     );
     let deadline = Instant::now() + Duration::from_secs(30);
-    let q = q.replace("SELECT id,", "SELECT id, trigger_context,");
+    let q = q.replace("SELECT id,", "SELECT id, cause_type, cause_id, trigger_context,");
+    // Each run as [id, workflow, status, code, trace, context, cause type, cause id].
     let runs: Vec<Vec<String>> = loop {
         let runs: Vec<Vec<String>> = store
             .sql_retrying(&q)
             .lines()
             .filter(|l| !l.is_empty())
-            .map(|l| l.splitn(6, '|').map(str::to_string).collect())
-            .filter(|r: &Vec<String>| r.len() == 6)
+            .map(|l| l.splitn(8, '|').map(str::to_string).collect())
+            .filter(|r: &Vec<String>| r.len() == 8)
             .map(|mut r| {
-                // The trigger context last: it is the one that may hold `|`.
+                let cause: Vec<String> = r.drain(1..3).collect();
                 let context = r.remove(1);
                 r.push(context);
+                r.extend(cause);
                 r
             })
             .collect();
@@ -922,6 +1043,9 @@ async fn check_runs(lane: &Lane, point: &str, tag: &str, acked: &[String], c: &m
                 wakes.trim()
             );
         }
+        if check_rerun(store, r, &runs, c) {
+            continue; // failed by the trial's design: its rerun is the work
+        }
         match status {
             "running" | "waiting" => c.runs_stuck += 1,
             "completed" if workflow == "once" || finals == 1 => {
@@ -936,6 +1060,32 @@ async fn check_runs(lane: &Lane, point: &str, tag: &str, acked: &[String], c: &m
             _ => c.runs_stuck += 1,
         }
     }
+}
+
+/// Counts the rerun of `run` when it is an origin (a one-step run failed
+/// on the rerun trial's server error, or any run rerun): exactly one
+/// rerun, announced by exactly one notice. Whether it was one.
+fn check_rerun(store: &Store, run: &[String], runs: &[Vec<String>], c: &mut Counts) -> bool {
+    let (id, workflow, code) = (&run[0], run[1].as_str(), run[3].as_str());
+    let reruns: Vec<&Vec<String>> = runs.iter().filter(|o| o[6] == "rerun" && o[7] == *id).collect();
+    if reruns.is_empty() && !(workflow == "once" && code == "http_500") {
+        return false;
+    }
+    match reruns.as_slice() {
+        [] => c.reruns_missing += 1,
+        [rerun] => {
+            c.reruns += 1;
+            let notices = store.sql_retrying(&format!(
+                "SELECT COUNT(*) FROM events WHERE kind = 9 AND raw LIKE '%[\"rerun\",\"{}\"]%'",
+                rerun[0]
+            ));
+            if notices.trim() != "1" {
+                c.reruns_twice += 1;
+            }
+        }
+        _ => c.reruns_twice += 1,
+    }
+    true
 }
 
 /// A run's webhook calls and approval: a call that does not retry was
@@ -1069,7 +1219,8 @@ async fn main() {
          delivered_without_effect={} visible_failures={} lost={} duplicate_side_effects={} \
          duplicate_replies={} replies_without_delivered={} delivered_without_reply={} stuck={} runs_ended={} \
          runs_stuck={} runs_advanced_twice={} runs_without_final={} webhook_calls_twice={} webhook_interrupted={} \
-         approvals_decided_twice={} kills={} pg_restarts={} pg_terminations={} seconds={}",
+         approvals_decided_twice={} reruns={} reruns_missing={} reruns_twice={} kills={} pg_restarts={} \
+         pg_terminations={} seconds={}",
         args.backend,
         total.trials,
         total.acked,
@@ -1092,6 +1243,9 @@ async fn main() {
         total.webhook_calls_twice,
         total.webhook_interrupted,
         total.approvals_decided_twice,
+        total.reruns,
+        total.reruns_missing,
+        total.reruns_twice,
         total.kills,
         pg_restarts,
         pg_terminations,
