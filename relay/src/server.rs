@@ -81,6 +81,7 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     let mut background = vec![
         tokio::spawn(expiry_sweeper(state.clone(), sweep_every)).abort_handle(),
         tokio::spawn(maintenance(state.clone())).abort_handle(),
+        tokio::spawn(statistics(state.clone())).abort_handle(),
         // Its own thread: it holds the write lock across the statements of
         // a step (see `dedicated`).
         crate::dedicated::spawn("workflow-engine", crate::engine::run(state.clone()))
@@ -254,6 +255,26 @@ async fn maintenance(state: Arc<AppState>) {
         tick.tick().await;
         if let Err(e) = state.store.maintain(unix_now()).await {
             tracing::warn!(error = %e, "storage maintenance failed");
+        }
+    }
+}
+
+/// How often the store looks for tables whose statistics are stale.
+const STATISTICS_EVERY: Duration = Duration::from_secs(5);
+
+/// Keeps the database's statistics of young tables current
+/// (`SqlStore::refresh_statistics`); nothing on SQLite.
+async fn statistics(state: Arc<AppState>) {
+    if state.store.backend() != "postgres" {
+        return;
+    }
+    let mut tick = tokio::time::interval(STATISTICS_EVERY);
+    loop {
+        tick.tick().await;
+        match state.store.refresh_statistics().await {
+            Ok(t) if t.is_empty() => {}
+            Ok(tables) => tracing::debug!(?tables, "statistics gathered"),
+            Err(e) => tracing::warn!(error = %e, "gathering statistics failed"),
         }
     }
 }

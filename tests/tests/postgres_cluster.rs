@@ -348,3 +348,52 @@ fn time_now_partition() -> String {
         .expect("date");
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
+
+/// A table that grew from nothing has its statistics gathered by the relay
+/// within seconds (autovacuum's nap is a minute, and until then the
+/// connections keep plans made for an empty table: docs/backends.md, "A
+/// new database's first minute"); a table that changed little is left to
+/// autovacuum. `last_analyze` is set by an `ANALYZE` a client sends, never
+/// by autovacuum.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(postgres_tests), ignore = "PostgreSQL is not installed (tests/build.rs)")]
+async fn statistics_of_a_table_that_grew_are_gathered() {
+    let backend = Backend::postgres();
+    let store = Store::new(&backend);
+    let _relay = Relay::start_with(store.clone(), RelayOptions::default());
+    let auth_rows = |from: u32, to: u32| {
+        format!(
+            "INSERT INTO http_auth_seen (community_id, event_id, expires_at) \
+             SELECT 'default', decode(md5('a' || g), 'hex'), 4000000000 FROM generate_series({from}, {to}) g"
+        )
+    };
+    store.sql(&auth_rows(1, 3000));
+    wait_analyzed(&store, "http_auth_seen").await;
+    // 100 more rows (3% of what the statistics counted): left alone, while
+    // a later growth of another table is seen (what must happen next).
+    store.sql(&auth_rows(3001, 3100));
+    let last = "SELECT last_analyze FROM pg_stat_user_tables WHERE relname = 'http_auth_seen'";
+    let before = store.sql(last);
+    store.sql(
+        "INSERT INTO deletions (community_id, pubkey, target, deleted_until) \
+         SELECT 'default', decode(md5('d' || g), 'hex'), 't' || g, 0 FROM generate_series(1, 3000) g",
+    );
+    wait_analyzed(&store, "deletions").await;
+    assert_eq!(
+        before,
+        store.sql(last),
+        "a table that changed by 3% was analyzed again"
+    );
+}
+
+/// Waits (30 s) until a client analyzed `table`.
+async fn wait_analyzed(store: &Store, table: &str) {
+    let q = format!("SELECT last_analyze IS NOT NULL FROM pg_stat_user_tables WHERE relname = '{table}'");
+    for _ in 0..300 {
+        if store.sql(&q) == "t" {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the statistics of {table}, which grew, were not gathered");
+}

@@ -418,6 +418,15 @@ impl Store {
         Ok(())
     }
 
+    /// PostgreSQL: the statistics of the tables that grew from nothing
+    /// (`postgres::refresh_statistics`); the tables analyzed.
+    pub async fn refresh_statistics(&self) -> Result<Vec<String>, StoreError> {
+        match &self.pool {
+            Pool::Postgres { main: p, .. } => crate::persistence::postgres::refresh_statistics(p).await,
+            _ => Ok(Vec::new()),
+        }
+    }
+
     /// A community's gauges for the metrics: deliveries and runs by
     /// status, and the oldest pending delivery's age (database clock).
     pub async fn gauges(&self, community: &str) -> Result<crate::admin::overview::Gauges, StoreError> {
