@@ -127,6 +127,12 @@ impl Default for DeliveryConfig {
 }
 
 impl DeliveryConfig {
+    /// The claimed rows one agent may hold in one community
+    /// (`agent_concurrency`; `None`: no cap).
+    pub fn agent_cap(&self) -> Option<i64> {
+        (self.agent_concurrency > 0).then_some(i64::from(self.agent_concurrency))
+    }
+
     /// Backoff before attempt `attempt + 1`, after attempt `attempt` (>= 1) asked to retry.
     pub fn backoff_secs(&self, attempt: u32) -> u64 {
         let exp = attempt.saturating_sub(1).min(62);

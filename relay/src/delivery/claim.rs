@@ -43,6 +43,10 @@ pub(crate) const IS_PENDING: &str = "status IS NOT DISTINCT FROM 'pending'";
 /// See [`IS_PENDING`].
 pub(crate) const IS_CLAIMED: &str = "status IS NOT DISTINCT FROM 'claimed'";
 
+/// The order in which a claim without a name takes the caller's
+/// claimable rows: highest priority, then the oldest due.
+const CLAIM_ORDER: &str = "ORDER BY priority DESC, next_attempt_at, created_at, id";
+
 /// Where a claim statement binds the values the claim rule compares.
 struct ClaimBinds {
     caller: &'static str,
@@ -89,10 +93,16 @@ fn claim_sql(b: &ClaimBinds, reach: Reach) -> String {
 /// The claimed rows that share the claimed row's `column` (its workflow,
 /// its agent) in its community, counted through `deliveries_in_flight`.
 fn held_by(column: &str) -> String {
+    let row = "workflow_agent_deliveries";
+    held_like(&format!("{row}.community_id"), column, &format!("{row}.{column}"))
+}
+
+/// The claimed rows of `community` whose `column` is `value` (SQL
+/// expressions), as a counting subquery.
+fn held_like(community: &str, column: &str, value: &str) -> String {
     format!(
-        "(SELECT COUNT(*) FROM workflow_agent_deliveries held WHERE held.community_id = \
-         workflow_agent_deliveries.community_id AND held.{column} = workflow_agent_deliveries.{column} \
-         AND held.status = 'claimed')"
+        "(SELECT COUNT(*) FROM workflow_agent_deliveries held WHERE held.community_id = {community} \
+         AND held.{column} = {value} AND held.status = 'claimed')"
     )
 }
 
@@ -135,7 +145,7 @@ fn claim_oldest_sql(skip: &str) -> String {
     format!(
         "UPDATE workflow_agent_deliveries {CLAIM_SET} WHERE community_id = $1 AND {IS_PENDING} AND id = (\
          SELECT id FROM workflow_agent_deliveries WHERE community_id = $1 AND {rule} \
-         ORDER BY priority DESC, next_attempt_at, created_at, id LIMIT 1{skip}) RETURNING {COLS}"
+         {CLAIM_ORDER} LIMIT 1{skip}) RETURNING {COLS}"
     )
 }
 
@@ -164,7 +174,7 @@ pub async fn claim(
         claim_expires_at: now + lease,
         records_operations: req.records_operations.unwrap_or(false),
         now,
-        agent_cap: (cfg.agent_concurrency > 0).then_some(i64::from(cfg.agent_concurrency)),
+        agent_cap: cfg.agent_cap(),
     };
     let Some(id) = &req.delivery_id else {
         return Ok(claim_oldest(tx, community, caller, &grant).await?);
@@ -311,7 +321,7 @@ pub async fn next_claimable(
         );
         format!(
             "SELECT {COLS} FROM workflow_agent_deliveries WHERE community_id = $1 AND {rule} \
-             ORDER BY priority DESC, next_attempt_at, created_at, id LIMIT 1"
+             {CLAIM_ORDER} LIMIT 1"
         )
     });
     let now = tx.now().await?;
@@ -339,14 +349,17 @@ async fn in_flight(
     if counts.workflow_cap.is_none() && counts.agent_cap.is_none() {
         return Ok(counts);
     }
-    let q = Q::new(
-        "SELECT (SELECT COUNT(*) FROM workflow_agent_deliveries WHERE community_id = $1 AND workflow_id = $2 \
-         AND status = 'claimed') AS workflow, (SELECT COUNT(*) FROM workflow_agent_deliveries \
-         WHERE community_id = $1 AND target_pubkey = $3 AND status = 'claimed') AS agent",
-    )
-    .bind(community)
-    .bind(d.workflow_id.as_str())
-    .bind(d.target.to_vec());
+    static COUNTS: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "SELECT {} AS workflow, {} AS agent",
+            held_like("$1", "workflow_id", "$2"),
+            held_like("$1", "target_pubkey", "$3")
+        )
+    });
+    let q = Q::new(COUNTS.as_str())
+        .bind(community)
+        .bind(d.workflow_id.as_str())
+        .bind(d.target.to_vec());
     if let Some(row) = tx.one(q).await? {
         counts.workflow = row.int("workflow")?;
         counts.agent = row.int("agent")?;

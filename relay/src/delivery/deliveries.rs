@@ -281,7 +281,7 @@ pub async fn finish(
         woke_run: applied.poked,
         refused_answer: misfit.filter(|_| decided == Transition::Revise),
         spans,
-        freed_slot: d.concurrency.is_some() || cfg.agent_concurrency > 0,
+        freed_slot: d.concurrency.is_some() || cfg.agent_cap().is_some(),
     })
 }
 
