@@ -85,14 +85,7 @@ impl PgServer {
         }
         let bin = bin_dir().ok_or("no PostgreSQL binaries found (set PG_BIN or install postgresql)")?;
         let owner = postgres_owner();
-        let dir = tempfile::Builder::new()
-            .prefix("relay-pg-")
-            .tempdir()
-            .map_err(|e| e.to_string())?;
-        let data = dir.path().join("data");
-        if let Some((uid, gid)) = owner {
-            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).map_err(|e| e.to_string())?;
-        }
+        let (dir, data) = data_dir(owner)?;
         let mut init = Command::new(bin.join("initdb"));
         init.args(["-D"]).arg(&data).args([
             "-U",
@@ -120,6 +113,62 @@ impl PgServer {
         };
         server.run()?;
         Ok(server)
+    }
+
+    /// A hot standby of this server, streaming from it (a base backup
+    /// taken now, `standby.signal` written by `pg_basebackup -R`), started
+    /// on a port of its own: its databases are this server's. With
+    /// `synchronous`, this server then waits for the standby's flush of
+    /// every commit (`synchronous_standby_names = '*'`).
+    pub fn standby(&self, synchronous: bool) -> Result<PgServer, String> {
+        let (dir, data) = data_dir(self.owner)?;
+        let mut backup = self.client("pg_basebackup");
+        backup
+            .arg("-D")
+            .arg(&data)
+            .args(["-R", "-X", "stream", "--no-sync", "--checkpoint=fast"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        as_owner(&mut backup, self.owner);
+        let out = backup.output().map_err(|e| format!("pg_basebackup: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "pg_basebackup failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        let standby = PgServer {
+            port: free_port(),
+            bin: self.bin.clone(),
+            data,
+            _dir: dir,
+            child: Mutex::new(None),
+            owner: self.owner,
+            settings: self.settings.clone(),
+        };
+        standby.run()?;
+        if synchronous {
+            self.psql("postgres", "ALTER SYSTEM SET synchronous_standby_names = '*'")?;
+            self.psql("postgres", "SELECT pg_reload_conf()")?;
+        }
+        Ok(standby)
+    }
+
+    /// Promotes a standby to a primary and waits until it accepts writes.
+    pub fn promote(&self) -> Result<(), String> {
+        self.psql("postgres", "SELECT pg_promote(true, 60)")?;
+        match self.psql("postgres", "SHOW transaction_read_only")?.as_str() {
+            "off" => Ok(()),
+            other => Err(format!("still read-only after promotion: {other}")),
+        }
+    }
+
+    /// Kills the server (SIGKILL, as a machine that dies) and reaps it.
+    pub fn kill(&self) {
+        if let Some(mut c) = self.child.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 
     fn run(&self) -> Result<(), String> {
@@ -170,25 +219,20 @@ impl PgServer {
         Err("postgres did not become ready within 60 s".into())
     }
 
+    /// A client program of PostgreSQL's (`psql`, `pg_basebackup`) aimed
+    /// at this server as `postgres`.
+    fn client(&self, program: &str) -> Command {
+        let mut cmd = Command::new(self.bin.join(program));
+        let port = self.port.to_string();
+        cmd.args(["-h", "127.0.0.1", "-p", &port, "-U", "postgres"]);
+        cmd
+    }
+
     /// Runs one SQL statement with psql.
     pub fn psql(&self, db: &str, sql: &str) -> Result<String, String> {
-        let out = Command::new(self.bin.join("psql"))
-            .args([
-                "-X",
-                "-q",
-                "-t",
-                "-A",
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-U",
-                "postgres",
-                "-d",
-                db,
-                "-c",
-                sql,
-            ])
+        let out = self
+            .client("psql")
+            .args(["-X", "-q", "-t", "-A", "-d", db, "-c", sql])
             .output()
             .map_err(|e| e.to_string())?;
         if out.status.success() {
@@ -237,6 +281,20 @@ impl Drop for PgServer {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// A new temporary directory for a server's data, owned by the server's
+/// user: the directory and the data directory's path in it.
+fn data_dir(owner: Option<(u32, u32)>) -> Result<(tempfile::TempDir, PathBuf), String> {
+    let dir = tempfile::Builder::new()
+        .prefix("relay-pg-")
+        .tempdir()
+        .map_err(|e| e.to_string())?;
+    let data = dir.path().join("data");
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).map_err(|e| e.to_string())?;
+    }
+    Ok((dir, data))
 }
 
 /// A server of the calling test's own (for tests that stop and restart

@@ -7,8 +7,10 @@
 //! May use: `config`, `clock`, `faults`. Used by every folder above it.
 
 pub mod db;
+pub mod hosts;
 pub(crate) mod lite;
 pub mod postgres;
+pub mod primary;
 pub(crate) mod readers;
 pub mod row;
 pub mod sql;

@@ -8,6 +8,7 @@
 //!   one connection and ignores its own notifications.
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
@@ -17,6 +18,7 @@ use tokio::sync::mpsc;
 
 use crate::config::PostgresConfig;
 use crate::persistence::db::{Tx, Q};
+use crate::persistence::primary;
 use crate::persistence::OpenMode;
 use crate::persistence::RemoteEvent;
 use crate::persistence::StoreError;
@@ -44,8 +46,44 @@ const SCHEMA_LOCK_KEY: i64 = 0x7265_6c61_7970_6172; // "relaypar"
 /// planned again, 0.15-0.37 ms of CPU of a query's 0.5-0.9 ms in the
 /// database on 1M events. The statements sent there are built so that a
 /// cached plan is a good one (`sql::plan_depends_on_values`).
+///
+/// A URL naming several hosts (`persistence::hosts`) opens the pools on
+/// the first host that answers, or with `target_session_attrs=read-write`
+/// the first that accepts writes, and follows it (`persistence::primary`).
 pub async fn open(url: &str, cfg: &PostgresConfig, mode: OpenMode) -> Result<(PgPool, PgPool), StoreError> {
-    let opts = PgConnectOptions::from_str(url)?
+    let hosts = super::hosts::parse(url).map_err(StoreError::Conflict)?;
+    let options = hosts
+        .urls
+        .iter()
+        .map(|u| {
+            let main = main_options(u, cfg)?;
+            let generic = main.clone().options([("plan_cache_mode", "force_generic_plan")]);
+            Ok((main, generic))
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    let chosen = primary::choose_host(&hosts).await?;
+    let url = hosts.urls[chosen].clone();
+    let url = url.as_str();
+    let epoch = primary::Epoch::new();
+    let (opts, generic) = options[chosen].clone();
+    let pool = connect(pool_options(cfg.pool_size, cfg, &epoch), opts, url).await?;
+    let queries = connect(pool_options(cfg.query_pool_size, cfg, &epoch), generic, url).await?;
+    if hosts.urls.len() > 1 {
+        let following = primary::Following {
+            hosts,
+            options,
+            current: chosen.into(),
+            epoch,
+        };
+        tokio::spawn(primary::watch(Arc::new(following), pool.clone(), queries.clone()));
+    }
+    migrate(&pool, url, mode).await?;
+    Ok((pool, queries))
+}
+
+/// The main pool's options for the host of `url`.
+fn main_options(url: &str, cfg: &PostgresConfig) -> Result<PgConnectOptions, StoreError> {
+    Ok(PgConnectOptions::from_str(url)?
         .options([("statement_timeout", format!("{}ms", cfg.statement_timeout_ms))])
         .application_name("relay")
         // Prepared statements kept per connection. sqlx's 100 is about
@@ -55,10 +93,12 @@ pub async fn open(url: &str, cfg: &PostgresConfig, mode: OpenMode) -> Result<(Pg
         // statement be prepared and planned again, twice as often, in the
         // delivery benchmark (pg_stat_statements: 138-147 plans a
         // statement where there had been 72-82).
-        .statement_cache_capacity(STATEMENT_CACHE);
-    let pool = connect(pool_options(cfg.pool_size, cfg), opts.clone(), url).await?;
-    let generic = opts.options([("plan_cache_mode", "force_generic_plan")]);
-    let queries = connect(pool_options(cfg.query_pool_size, cfg), generic, url).await?;
+        .statement_cache_capacity(STATEMENT_CACHE))
+}
+
+/// Checks the schema (`Existing`) or migrates it, under a lock: several
+/// processes may start at once.
+async fn migrate(pool: &PgPool, url: &str, mode: OpenMode) -> Result<(), StoreError> {
     let mut conn = pool.acquire().await?;
     if mode == OpenMode::Existing {
         let schema: bool = sqlx::query_scalar("SELECT to_regclass('communities') IS NOT NULL")
@@ -81,7 +121,7 @@ pub async fn open(url: &str, cfg: &PostgresConfig, mode: OpenMode) -> Result<(Pg
         .execute(&mut *conn)
         .await?;
     migrated?;
-    Ok((pool, queries))
+    Ok(())
 }
 
 /// How long the one direct connection that explains an unreachable
@@ -111,16 +151,13 @@ async fn connect(options: PgPoolOptions, opts: PgConnectOptions, url: &str) -> R
 
 /// A database URL without its password, to name it in messages.
 pub fn redacted(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) if u.password().is_some() => {
-            let _ = u.set_password(Some("***"));
-            u.to_string()
-        }
-        _ => url.to_string(),
-    }
+    super::hosts::redacted(url)
 }
 
-fn pool_options(size: u32, cfg: &PostgresConfig) -> PgPoolOptions {
+/// A pool's options; a connection opened before the pools last moved to
+/// another host (`epoch`) is dropped when next taken.
+fn pool_options(size: u32, cfg: &PostgresConfig, epoch: &Arc<primary::Epoch>) -> PgPoolOptions {
+    let epoch = epoch.clone();
     PgPoolOptions::new()
         .max_connections(size)
         .acquire_timeout(Duration::from_millis(cfg.acquire_timeout_ms))
@@ -129,8 +166,12 @@ fn pool_options(size: u32, cfg: &PostgresConfig) -> PgPoolOptions {
         // request; one in steady use is not (a ping per acquire was a
         // round trip more for every transaction and read).
         .test_before_acquire(false)
-        .before_acquire(|conn, meta| {
+        .before_acquire(move |conn, meta| {
+            let before_move = epoch.predates_move(meta.age);
             Box::pin(async move {
+                if before_move {
+                    return Ok(false);
+                }
                 if meta.idle_for >= PING_IDLE_AFTER {
                     conn.ping().await?;
                 }

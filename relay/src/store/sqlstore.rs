@@ -465,9 +465,23 @@ impl Store {
         })
     }
 
-    /// Whether the database answers a trivial statement now.
+    /// Whether the database answers a trivial statement now, and (on
+    /// PostgreSQL) takes writes: a standby, or a primary demoted under the
+    /// relay, does not (`persistence::primary` looks for another host).
     pub async fn ping(&self) -> Result<(), StoreError> {
-        self.pool.all(Q::new("SELECT 1")).await.map(|_| ())
+        if self.dialect() == Dialect::Sqlite {
+            return self.pool.all(Q::new("SELECT 1")).await.map(|_| ());
+        }
+        let row = self
+            .pool
+            .one(Q::new("SELECT current_setting('transaction_read_only') AS ro"))
+            .await?;
+        match row.map(|r| r.text("ro")).transpose()?.as_deref() {
+            Some("off") => Ok(()),
+            _ => Err(StoreError::Unreachable(
+                "a writable database host: the one in use is read-only".into(),
+            )),
+        }
     }
 
     /// Whether both writers (events, calls) still take work.
