@@ -219,6 +219,9 @@ pub struct Exited {
     pub code: Option<i32>,
     pub stdout: String,
     pub stderr: String,
+    /// From its start to its exit (or to the kill), the build of the
+    /// binary not counted.
+    pub ran: Duration,
 }
 
 /// Runs `relay <args>` in `cwd` with `env` (and no `RELAY_CONFIG`), waiting
@@ -234,7 +237,8 @@ pub fn run_relay(args: &[&str], env: &[(&str, &str)], cwd: &Path, wait: Duration
         cmd.env(k, v);
     }
     let mut child = cmd.spawn().expect("spawn relay");
-    let deadline = std::time::Instant::now() + wait;
+    let started = std::time::Instant::now();
+    let deadline = started + wait;
     let code = loop {
         match child.try_wait().expect("wait") {
             Some(status) => break status.code(),
@@ -254,7 +258,12 @@ pub fn run_relay(args: &[&str], env: &[(&str, &str)], cwd: &Path, wait: Duration
     if let Some(mut e) = child.stderr.take() {
         let _ = e.read_to_string(&mut stderr);
     }
-    Exited { code, stdout, stderr }
+    Exited {
+        code,
+        stdout,
+        stderr,
+        ran: started.elapsed(),
+    }
 }
 
 /// Runs the relay CLI against a database with extra environment.

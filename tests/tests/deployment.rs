@@ -172,7 +172,6 @@ fn a_sqlite_path_in_a_missing_directory_fails_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("no/such/dir/relay.db");
     let url = format!("sqlite://{}", path.display());
-    let started = Instant::now();
     let out = run_relay(
         &["--listen", "127.0.0.1:0", "--database-url", &url],
         &[],
@@ -180,11 +179,7 @@ fn a_sqlite_path_in_a_missing_directory_fails_at_once() {
         Duration::from_secs(20),
     );
     assert!(out.code.is_some_and(|c| c != 0), "{out:?}");
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "took {:?}",
-        started.elapsed()
-    );
+    assert!(out.ran < Duration::from_secs(10), "took {:?}", out.ran);
     assert!(out.stderr.contains(&path.display().to_string()), "{out:?}");
     assert!(out.stderr.contains("does not exist"), "{out:?}");
 }
