@@ -77,7 +77,8 @@ pub fn names_ids(filters: &[Filter]) -> bool {
 
 /// Queues the stored events of `filters` for subscription `sub_id` (the
 /// caller sends EOSE after); the ids of the events it sent, when several
-/// filters or ids were asked for ([`names_ids`]), else none.
+/// filters or ids were asked for ([`names_ids`]), else only those of
+/// `watch` it sent.
 pub async fn send_stored(
     state: &AppState,
     community: &str,
@@ -85,6 +86,7 @@ pub async fn send_stored(
     sub_id: &str,
     filters: &[Filter],
     scope: &ReadScope,
+    watch: &HashSet<[u8; 32]>,
 ) -> Result<HashSet<[u8; 32]>, Stopped> {
     let l = &state.cfg.limits;
     let mut cursors: Vec<Cursor<'_>> = filters
@@ -124,7 +126,7 @@ pub async fn send_stored(
             return Ok(seen);
         };
         let event = cursors[next].buf.pop_front().expect("head was some");
-        if keep_ids && !seen.insert(event.id) {
+        if (keep_ids || watch.contains(&event.id)) && !seen.insert(event.id) {
             continue;
         }
         let id = event.id;

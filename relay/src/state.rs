@@ -69,6 +69,16 @@ pub struct AppState {
     pub spans: crate::spans::Spans,
 }
 
+/// How long the hub keeps recent events: with standbys serving reads,
+/// the lag bound and a second more (a standby that serves a read is
+/// never further behind); else not at all.
+fn recent_for(cfg: &Config) -> std::time::Duration {
+    if cfg.read_database_urls.is_empty() {
+        return std::time::Duration::ZERO;
+    }
+    std::time::Duration::from_millis(cfg.postgres.standby_max_lag_ms) + std::time::Duration::from_secs(1)
+}
+
 impl AppState {
     pub fn new(
         cfg: Config,
@@ -85,13 +95,14 @@ impl AppState {
         let live_searches =
             crate::livesearch::SearchLoad::new(l.max_live_search_filters, l.max_live_search_words);
         let keys_dir = cfg.keys_dir.clone();
+        let recent = recent_for(&cfg);
 
         Self {
             cfg: Arc::new(cfg),
             communities: Communities::new(store.clone(), keys_dir),
             moderation: crate::moderation::ModerationCache::new(store.clone()),
             store,
-            hub: Hub::new(capacity, output.clone()),
+            hub: Hub::new(capacity, output.clone(), recent),
             shutdown: CancellationToken::new(),
             tracker: TaskTracker::new(),
             channels: ChannelCache::new(CHANNEL_CACHE_ENTRIES),

@@ -14,6 +14,7 @@ pub const CONNECTIONS: &str = "relay_connections";
 pub const TRACE_SPANS_DROPPED: &str = "relay_trace_spans_dropped_total";
 pub const EVENTS_RECEIVED: &str = "relay_events_received_total";
 pub const REQ_DURATION: &str = "relay_req_duration_seconds";
+pub const READS: &str = "relay_reads_total";
 pub const DELIVERIES: &str = "relay_deliveries";
 pub const OLDEST_PENDING: &str = "relay_delivery_oldest_pending_seconds";
 pub const DELIVERY_WAIT: &str = "relay_delivery_wait_seconds";
@@ -52,6 +53,10 @@ fn describe() {
         "run trace spans not exported (queue full or export failed)"
     );
     describe_histogram!(REQ_DURATION, Unit::Seconds, "REQ to EOSE");
+    describe_counter!(
+        READS,
+        "REQ, COUNT and NIP-77 reads by where they went (from: primary, standby)"
+    );
     describe_gauge!(DELIVERIES, "deliveries by community and status");
     describe_gauge!(
         OLDEST_PENDING,

@@ -5,6 +5,7 @@ pub mod agent;
 pub mod browser;
 pub mod client;
 pub mod hooks;
+pub mod metrics;
 pub mod node;
 pub mod pg;
 pub mod relay;

@@ -127,13 +127,7 @@ impl Relay {
     /// The lines of its `/metrics` (with `metrics_listen` set) of the
     /// series `name`, as `name{labels} value`.
     pub async fn metric_lines(&self, name: &str) -> Vec<String> {
-        let addr = self.metrics_addr.expect("metrics_listen is set");
-        let text = reqwest::get(format!("http://{addr}/metrics"))
-            .await
-            .expect("scrape")
-            .text()
-            .await
-            .expect("metrics body");
+        let text = crate::metrics::text(self).await;
         let prefix = format!("{name}{{");
         text.lines()
             .filter(|l| l.starts_with(&prefix) || l.split(' ').next() == Some(name))

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use tests::metrics::{scrape, value};
 use tests::workflow::{api, claim_when_due, eventually, finish, Fixture};
 use tests::{backend_tests, Backend, Relay, RelayOptions};
 
@@ -240,34 +241,6 @@ async fn attempts_are_kept_with_their_causes(backend: Backend) {
     // The operator's CLI shows the same history.
     let cli: Value = serde_json::from_str(relay.cli(&["deliveries", "show", &id]).trim()).unwrap();
     assert_eq!(cli["attempts"], shown["attempts"]);
-}
-
-/// Scrapes `/metrics` and parses it with a Prometheus text parser.
-async fn scrape(relay: &Relay) -> prometheus_parse::Scrape {
-    let addr = relay.metrics_addr.expect("metrics_listen is set");
-    let body = reqwest::get(format!("http://{addr}/metrics"))
-        .await
-        .expect("scrape")
-        .text()
-        .await
-        .expect("body");
-    prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).expect("Prometheus text")
-}
-
-/// The value of `name` whose labels include `labels` (a histogram: its
-/// count); 0 when there is none.
-fn value(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
-    use prometheus_parse::Value as V;
-    scrape
-        .samples
-        .iter()
-        .filter(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
-        .map(|s| match &s.value {
-            V::Counter(x) | V::Gauge(x) | V::Untyped(x) => *x,
-            V::Histogram(buckets) => buckets.iter().map(|b| b.count).fold(0.0, f64::max),
-            V::Summary(_) => 0.0,
-        })
-        .sum()
 }
 
 async fn metrics_move_with_events_deliveries_and_failures(backend: Backend) {

@@ -32,6 +32,11 @@ pub struct Config {
     pub listen: Listen,
     /// `sqlite://path` (embedded, default) or `postgres://…`.
     pub database_url: String,
+    /// PostgreSQL hot standbys (one host each) that serve REQ, COUNT,
+    /// search and NIP-77 reads while within `postgres.standby_max_lag_ms`
+    /// of the primary (`persistence::standbys`); empty: every read on
+    /// `database_url`.
+    pub read_database_urls: Vec<String>,
     /// Log filter in `RUST_LOG` syntax (`--log`, `RELAY_LOG`, the file);
     /// unset: the `RUST_LOG` environment variable, else `info`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -105,6 +110,7 @@ impl Default for Config {
         Self {
             listen: Listen::default(),
             database_url: "sqlite://relay.db".into(),
+            read_database_urls: Vec::new(),
             log: None,
             log_format: LogFormat::Text,
             name: "nostr relay with durable agent delivery".into(),
@@ -360,8 +366,34 @@ impl Config {
         if self.postgres.query_pool_size == 0 {
             return Err("postgres.query_pool_size must be at least 1".into());
         }
+        self.check_read_urls()?;
         if self.sqlite.pool_size < 2 {
             return Err("sqlite.pool_size must be at least 2".into());
+        }
+        Ok(())
+    }
+}
+
+/// Most `read_database_urls`.
+pub const MAX_READ_DATABASES: usize = 16;
+
+impl Config {
+    fn check_read_urls(&self) -> Result<(), String> {
+        let postgres = |u: &str| u.starts_with("postgres:") || u.starts_with("postgresql:");
+        if self.read_database_urls.is_empty() {
+            return Ok(());
+        }
+        if !postgres(&self.database_url) {
+            return Err("read_database_urls: standbys serve reads of a PostgreSQL database_url only".into());
+        }
+        if self.read_database_urls.len() > MAX_READ_DATABASES {
+            return Err(format!("read_database_urls: at most {MAX_READ_DATABASES}"));
+        }
+        if let Some(i) = self.read_database_urls.iter().position(|u| !postgres(u)) {
+            return Err(format!("read_database_urls: entry {i} is not a postgres:// URL"));
+        }
+        if !(10..=10_000).contains(&self.postgres.standby_max_lag_ms) {
+            return Err("postgres.standby_max_lag_ms must be between 10 and 10000".into());
         }
         Ok(())
     }

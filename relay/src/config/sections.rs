@@ -248,6 +248,9 @@ pub struct PostgresConfig {
     pub partition_months_ahead: u32,
     /// How often partition maintenance runs.
     pub maintenance_interval_secs: u64,
+    /// How far behind the primary a standby of `read_database_urls` may
+    /// be and still serve reads (10 to 10,000).
+    pub standby_max_lag_ms: u64,
 }
 
 impl Default for PostgresConfig {
@@ -259,6 +262,7 @@ impl Default for PostgresConfig {
             statement_timeout_ms: 10_000,
             partition_months_ahead: 3,
             maintenance_interval_secs: 6 * 3600,
+            standby_max_lag_ms: 1_000,
         }
     }
 }

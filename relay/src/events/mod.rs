@@ -32,6 +32,9 @@ pub struct ReadScope {
     pub gated_kinds: Vec<u16>,
     /// Unix seconds used for NIP-40 expiry.
     pub now: u64,
+    /// The standby the read goes to (`persistence::standbys`); `None`: the
+    /// primary (or SQLite). The caller decides which reads may go there.
+    pub from: Option<crate::persistence::standbys::Replica>,
 }
 
 /// One event read back, newest-first order is the caller's to keep.

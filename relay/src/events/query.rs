@@ -501,6 +501,7 @@ mod tests {
             viewer: None,
             gated_kinds: vec![24620],
             now: 1_700_000_000,
+            from: None,
         }
     }
 

@@ -13,6 +13,7 @@ use sqlx::{Arguments, Database, Decode, Encode, Postgres, Sqlite, Transaction, T
 
 pub use crate::persistence::row::{named, Col, Names, Row, Val};
 pub use crate::persistence::sql::{Bind, Dialect, Q};
+use crate::persistence::standbys::{Replica, Standbys};
 use crate::persistence::StoreError;
 
 /// A connection pool of either backend.
@@ -36,8 +37,14 @@ pub enum Pool {
     /// PostgreSQL: `main` for everything but REQ and COUNT, which run on
     /// `queries` (`postgres.query_pool_size` connections with cached plans:
     /// `persistence::postgres::open`), so that a flood of reads never holds the
-    /// connections that writes, claims and finishes need.
-    Postgres { main: PgPool, queries: PgPool },
+    /// connections that writes, claims and finishes need; or, when the
+    /// caller names one, on a standby of `read_database_urls`
+    /// (`persistence::standbys`).
+    Postgres {
+        main: PgPool,
+        queries: PgPool,
+        standbys: Option<Arc<Standbys>>,
+    },
 }
 
 /// The advisory lock on the key that the SQL expression `key` gives (the
@@ -464,12 +471,23 @@ impl Pool {
     }
 
     /// A REQ's or COUNT's statement (built by `sql::select_events` or
-    /// `sql::count_events`): every row, on the query pool on PostgreSQL and
-    /// on the REQ readers on SQLite.
-    pub async fn query_all(&self, q: Q) -> Result<Vec<Row>, StoreError> {
+    /// `sql::count_events`): every row, on the query pool on PostgreSQL
+    /// (or the standby `from`, see [`Pool::replica`]) and on the REQ
+    /// readers on SQLite.
+    pub async fn query_all(&self, q: Q, from: Option<Replica>) -> Result<Vec<Row>, StoreError> {
         match self {
             Pool::Sqlite { readers, .. } => Ok(readers.page(q, usize::MAX, usize::MAX).await?.0),
-            Pool::Postgres { queries, .. } => Self::pg_all(queries, q).await,
+            Pool::Postgres {
+                queries, standbys, ..
+            } => {
+                if let Some((standbys, r)) = standbys.as_ref().zip(from) {
+                    match Self::pg_all(standbys.pool(r.index), q.clone()).await {
+                        Ok(rows) => return Ok(rows),
+                        Err(e) => standbys.failed(r.index, &e),
+                    }
+                }
+                Self::pg_all(queries, q).await
+            }
         }
     }
 
@@ -478,20 +496,44 @@ impl Pool {
     /// (at least one row, whatever its size). The rows are read as a
     /// stream and the statement is dropped when the page is full, so a
     /// page never holds more than that in memory, whatever the statement's
-    /// `LIMIT`.
+    /// `LIMIT`. On PostgreSQL, read on the standby `from` when one is
+    /// named (on the primary if it fails).
     /// Also says whether the statement had no more rows.
     pub async fn query_page(
         &self,
         q: Q,
         rows: usize,
         max_bytes: usize,
+        from: Option<Replica>,
     ) -> Result<(Vec<Row>, bool), StoreError> {
+        let page = |pool: &PgPool, q: Q| -> Result<_, StoreError> {
+            let stream = sqlx::query_with(sqlx::AssertSqlSafe(q.sql), pg_args(q.binds)?).fetch(pool);
+            Ok(take_page(stream, pg_row, rows, max_bytes))
+        };
         match self {
             Pool::Sqlite { readers, .. } => readers.page(q, rows, max_bytes).await,
-            Pool::Postgres { queries, .. } => {
-                let stream = sqlx::query_with(sqlx::AssertSqlSafe(q.sql), pg_args(q.binds)?).fetch(queries);
-                take_page(stream, pg_row, rows, max_bytes).await
+            Pool::Postgres {
+                queries, standbys, ..
+            } => {
+                if let Some((standbys, r)) = standbys.as_ref().zip(from) {
+                    match page(standbys.pool(r.index), q.clone())?.await {
+                        Ok(got) => return Ok(got),
+                        Err(e) => standbys.failed(r.index, &e),
+                    }
+                }
+                page(queries, q)?.await
             }
+        }
+    }
+
+    /// A standby to read from now (PostgreSQL with `read_database_urls`,
+    /// one within the lag bound), else `None`: the primary.
+    pub fn replica(&self) -> Option<Replica> {
+        match self {
+            Pool::Postgres {
+                standbys: Some(s), ..
+            } => s.pick(),
+            _ => None,
         }
     }
 
@@ -521,7 +563,7 @@ impl Pool {
     pub async fn close(&self) {
         match self {
             Pool::Sqlite { read, .. } => read.close().await,
-            Pool::Postgres { main, queries } => {
+            Pool::Postgres { main, queries, .. } => {
                 queries.close().await;
                 main.close().await;
             }

@@ -15,6 +15,7 @@ pub(crate) mod readers;
 pub mod row;
 pub mod sql;
 pub mod sqlite;
+pub mod standbys;
 
 /// An event accepted by another relay process on the same database.
 #[derive(Debug, Clone)]

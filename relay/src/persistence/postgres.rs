@@ -19,10 +19,13 @@ use tokio::sync::mpsc;
 use crate::config::PostgresConfig;
 use crate::persistence::db::{Tx, Q};
 use crate::persistence::primary;
+use crate::persistence::standbys::Standbys;
 use crate::persistence::OpenMode;
 use crate::persistence::RemoteEvent;
 use crate::persistence::StoreError;
 
+/// The query pools' plans: one per statement (see [`open`]).
+const GENERIC_PLANS: &str = "force_generic_plan";
 /// Prepared statements kept per connection (see [`open`]).
 const STATEMENT_CACHE: usize = 400;
 
@@ -50,15 +53,38 @@ const SCHEMA_LOCK_KEY: i64 = 0x7265_6c61_7970_6172; // "relaypar"
 /// A URL naming several hosts (`persistence::hosts`) opens the pools on
 /// the first host that answers, or with `target_session_attrs=read-write`
 /// the first that accepts writes, and follows it (`persistence::primary`).
-pub async fn open(url: &str, cfg: &PostgresConfig, mode: OpenMode) -> Result<(PgPool, PgPool), StoreError> {
+///
+/// `read_urls` (`read_database_urls`, one host each) are the standbys
+/// that may serve REQ and COUNT (`persistence::standbys`), with the query
+/// pool's settings; their watcher runs until the main pool is closed.
+pub async fn open(
+    url: &str,
+    read_urls: &[String],
+    cfg: &PostgresConfig,
+    mode: OpenMode,
+) -> Result<Opened, StoreError> {
     let hosts = super::hosts::parse(url).map_err(StoreError::Conflict)?;
     let options = hosts
         .urls
         .iter()
         .map(|u| {
             let main = main_options(u, cfg)?;
-            let generic = main.clone().options([("plan_cache_mode", "force_generic_plan")]);
+            let generic = main.clone().options([("plan_cache_mode", GENERIC_PLANS)]);
             Ok((main, generic))
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    let standbys = read_urls
+        .iter()
+        .map(|u| {
+            let one = super::hosts::parse(u).map_err(StoreError::Conflict)?;
+            if one.urls.len() != 1 {
+                return Err(StoreError::Conflict(format!(
+                    "read_database_urls: {} names several hosts; give each standby its own URL",
+                    redacted(u)
+                )));
+            }
+            let opts = main_options(u, cfg)?.options([("plan_cache_mode", GENERIC_PLANS)]);
+            Ok((redacted(u), opts))
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
     let chosen = primary::choose_host(&hosts).await?;
@@ -78,7 +104,29 @@ pub async fn open(url: &str, cfg: &PostgresConfig, mode: OpenMode) -> Result<(Pg
         tokio::spawn(primary::watch(Arc::new(following), pool.clone(), queries.clone()));
     }
     migrate(&pool, url, mode).await?;
-    Ok((pool, queries))
+    let standbys = (!standbys.is_empty()).then(|| {
+        let never_moves = primary::Epoch::new();
+        Standbys::open(
+            standbys,
+            || pool_options(cfg.query_pool_size, cfg, &never_moves),
+            cfg,
+        )
+    });
+    if let Some(s) = &standbys {
+        tokio::spawn(s.clone().watch(pool.clone()));
+    }
+    Ok(Opened {
+        main: pool,
+        queries,
+        standbys,
+    })
+}
+
+/// The pools [`open`] made.
+pub struct Opened {
+    pub main: PgPool,
+    pub queries: PgPool,
+    pub standbys: Option<Arc<Standbys>>,
 }
 
 /// The main pool's options for the host of `url`.

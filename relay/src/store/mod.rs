@@ -57,8 +57,16 @@ pub async fn open(cfg: &crate::config::Config, mode: OpenMode) -> Result<std::sy
             cfg.deliveries.clone(),
         )?))
     } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-        let (main, queries) = postgres::open(url, &cfg.postgres, mode).await?;
-        let pool = db::Pool::Postgres { main, queries };
+        let postgres::Opened {
+            main,
+            queries,
+            standbys,
+        } = postgres::open(url, &cfg.read_database_urls, &cfg.postgres, mode).await?;
+        let pool = db::Pool::Postgres {
+            main,
+            queries,
+            standbys,
+        };
         let store = sqlstore::Store::new(pool, ahead, &cfg.writer, cfg.deliveries.clone())?;
         store.maintain(crate::clock::unix_now()).await?;
         Ok(std::sync::Arc::new(store))

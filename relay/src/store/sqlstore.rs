@@ -329,6 +329,12 @@ impl Store {
         }
     }
 
+    /// A standby that may serve a read now (PostgreSQL with
+    /// `read_database_urls`): the reader sets it as its scope's `from`.
+    pub fn replica(&self) -> Option<crate::persistence::standbys::Replica> {
+        self.pool.replica()
+    }
+
     /// A page of the events matching one filter, newest first (ties by
     /// lowest id): see [`Page`].
     pub async fn query_page(
@@ -352,7 +358,10 @@ impl Store {
             page.position,
             scope,
         );
-        let (rows, end) = self.pool.query_page(q, page.rows, page.max_bytes).await?;
+        let (rows, end) = self
+            .pool
+            .query_page(q, page.rows, page.max_bytes, scope.from)
+            .await?;
         Ok(PageRows {
             events: stored(rows)?,
             end,
@@ -370,7 +379,7 @@ impl Store {
         max: usize,
     ) -> Result<Vec<(u64, [u8; 32])>, StoreError> {
         let q = sql::select_items(self.dialect(), community, filter, max, scope);
-        let rows = self.pool.query_all(q).await?;
+        let rows = self.pool.query_all(q, scope.from).await?;
         rows.iter()
             .map(|r| Ok((u64::try_from(r.int(0)?).unwrap_or(0), r.id32("id")?)))
             .collect()
@@ -384,7 +393,7 @@ impl Store {
         scope: &ReadScope,
     ) -> Result<u64, StoreError> {
         let q = sql::count_events(self.dialect(), community, filters, scope);
-        let rows = self.pool.query_all(q).await?;
+        let rows = self.pool.query_all(q, scope.from).await?;
         Ok(rows
             .first()
             .map(|r| r.int(0))

@@ -91,6 +91,9 @@ struct Conn {
     verifying: FuturesOrdered<BoxFuture<'static, Verified>>,
     /// Verified EVENTs queued for the store's batch writer, in arrival order.
     storing: FuturesOrdered<BoxFuture<'static, Stored>>,
+    /// When this connection was last answered `OK true`: its reads from a
+    /// standby must come from one that replayed past it (`read.rs`).
+    wrote_at: Option<std::time::Instant>,
 }
 
 type Verified = (Arc<Event>, Arc<str>, Result<(), verify::VerifyError>);
@@ -148,6 +151,7 @@ pub async fn run(socket: WebSocket, state: Arc<AppState>, community: Arc<Communi
         out,
         verifying: FuturesOrdered::new(),
         storing: FuturesOrdered::new(),
+        wrote_at: None,
     };
     let shutdown = state.shutdown.clone();
     let _ = conn.out.text(json!(["AUTH", conn.challenge]).to_string());
@@ -241,7 +245,10 @@ impl Conn {
     }
 
     /// The `OK` of an EVENT (counted in `relay_events_received_total`).
-    fn ok(&self, id: &str, accepted: bool, msg: &str) -> Result<(), Overflow> {
+    fn ok(&mut self, id: &str, accepted: bool, msg: &str) -> Result<(), Overflow> {
+        if accepted {
+            self.wrote_at = Some(std::time::Instant::now());
+        }
         let outcome = crate::telemetry::outcome(accepted, msg);
         metrics::counter!(crate::telemetry::EVENTS_RECEIVED, "outcome" => outcome).increment(1);
         self.send(json!(["OK", id, accepted, msg]))

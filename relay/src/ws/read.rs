@@ -3,15 +3,68 @@
 
 use std::sync::Arc;
 
-use nostr::prelude::{Filter, SingleLetterTag, Timestamp};
+use nostr::prelude::{Filter, PublicKey, SingleLetterTag, Timestamp};
 use serde_json::json;
 
 use super::{is_complete, Conn, Stop, Subscription, LIVE_MATCH};
 use crate::clock::unix_now;
+use crate::community::Community;
 use crate::hub::Published;
 use crate::outbound::Overflow;
+use crate::persistence::standbys::Replica;
 use crate::req::{Stopped, STORED_RESULTS_DEADLINE};
+use crate::state::AppState;
 use crate::store::ReadScope;
+
+/// Whether one of `filters` (with its NIP-50 search) matches `p`.
+fn matches(filters: &[Filter], searches: &[Option<protocol::search::Query>], p: &Published) -> bool {
+    filters.iter().zip(searches).any(|(f, search)| {
+        f.match_event(&p.event, LIVE_MATCH) && search.as_ref().is_none_or(|q| q.matches_words(p.words()))
+    })
+}
+
+/// Whether storing `event` only added it: no deletion, no replaced
+/// version, no channel membership or metadata changed (what a standby
+/// behind it would still serve the old way).
+fn only_adds(event: &nostr::prelude::Event) -> bool {
+    let kind = event.kind;
+    kind.is_ephemeral()
+        || !(kind.is_replaceable()
+            || kind.is_addressable()
+            || kind.as_u16() == protocol::kinds::DELETION
+            || protocol::nip29::changes_channel(kind.as_u16()))
+}
+
+/// Whether a reader authenticated as `authed` may read a published event:
+/// a p-gated kind only its author and those it names, an expired one
+/// nobody, a channel's only while the channel is visible to it.
+async fn visible(state: &AppState, community: &Community, authed: Option<PublicKey>, p: &Published) -> bool {
+    let gated = state.cfg.p_gated_kinds.contains(&p.event.kind.as_u16());
+    if gated {
+        let Some(me) = authed else { return false };
+        if p.event.pubkey != me && !p.event.tags.public_keys().any(|pk| pk == me) {
+            return false;
+        }
+    }
+    if p.event.is_expired_at(Timestamp::from_secs(unix_now())) {
+        return false;
+    }
+    let Some(channel) = crate::state::channel_of(&p.event) else {
+        return true;
+    };
+    let view = state.channels.get(state.store.as_ref(), community, channel).await;
+    view.is_some_and(|v| !v.deleted && (!v.private || authed.is_some_and(|me| v.is_member(&me))))
+}
+
+/// Counts a read by where it goes (`relay_reads_total`).
+fn count_read(scope: &ReadScope) {
+    let from = if scope.from.is_some() {
+        "standby"
+    } else {
+        "primary"
+    };
+    metrics::counter!(crate::telemetry::READS, "from" => from).increment(1);
+}
 
 impl Conn {
     /// Checks a REQ/COUNT against limits and read rules; `Err` is the CLOSED message.
@@ -74,12 +127,58 @@ impl Conn {
         Ok(())
     }
 
+    /// The read rules of this connection, reading from the primary.
     pub(super) fn scope(&self) -> ReadScope {
         ReadScope {
             viewer: self.authed,
             gated_kinds: self.state.cfg.p_gated_kinds.clone(),
             now: unix_now(),
+            from: None,
         }
+    }
+
+    /// A standby that replayed past this connection's last acknowledged
+    /// write (read your writes), if one may serve a read now.
+    fn replica(&self) -> Option<Replica> {
+        let r = self.state.store.replica()?;
+        self.wrote_at.is_none_or(|w| r.replayed_through > w).then_some(r)
+    }
+
+    /// The scope of a read with no live part (COUNT, NIP-77): from a
+    /// standby only when nothing was published in the community since it
+    /// replayed, so that it answers as the primary would.
+    pub(super) fn settled_scope(&self) -> ReadScope {
+        let mut scope = self.scope();
+        scope.from = self.replica().filter(|r| {
+            self.state
+                .hub
+                .since(&self.community.id, r.replayed_through)
+                .is_some_and(|recent| recent.is_empty())
+        });
+        count_read(&scope);
+        scope
+    }
+
+    /// The scope of a REQ whose live events are those after `seq_floor`,
+    /// and what it must add to a standby's results: the events published
+    /// since the standby replayed, up to the floor (it may not have them
+    /// yet, and live matching starts after them). From the primary when
+    /// one of those events removes or replaces others (a deletion, a
+    /// replaceable event, a channel's membership or metadata: a standby
+    /// would still serve what it removed), or the hub cannot tell.
+    fn req_scope(&self, seq_floor: u64) -> (ReadScope, Vec<Arc<Published>>) {
+        let mut scope = self.scope();
+        let recent = self
+            .replica()
+            .and_then(|r| Some((r, self.state.hub.since(&self.community.id, r.replayed_through)?)));
+        if let Some((r, recent)) = recent.filter(|(_, recent)| recent.iter().all(|p| only_adds(&p.event))) {
+            scope.from = Some(r);
+            count_read(&scope);
+            let missed = recent.into_iter().filter(|p| p.seq <= seq_floor).collect();
+            return (scope, missed);
+        }
+        count_read(&scope);
+        (scope, Vec::new())
     }
 
     pub(super) async fn on_req(&mut self, sub_id: String, filters: Vec<Filter>) -> Result<(), Stop> {
@@ -109,11 +208,20 @@ impl Conn {
         }
         let seq_floor = self.state.hub.current_seq();
         let started = std::time::Instant::now();
-        let scope = self.scope();
+        let (scope, missed) = self.req_scope(seq_floor);
         let community = self.community.id.clone();
-        let sent =
-            crate::req::send_stored(&self.state, &community, &self.out, &sub_id, &filters, &scope).await;
-        let sent = match sent {
+        let watch = missed.iter().map(|p| p.event.id.to_bytes()).collect();
+        let sent = crate::req::send_stored(
+            &self.state,
+            &community,
+            &self.out,
+            &sub_id,
+            &filters,
+            &scope,
+            &watch,
+        )
+        .await;
+        let mut sent = match sent {
             Ok(sent) => sent,
             Err(Stopped::Overflow) => return Err(Stop::Overflow),
             Err(Stopped::Store(e)) => {
@@ -122,6 +230,8 @@ impl Conn {
                 return Ok(self.closed(&sub_id, "error: the query failed; try again")?);
             }
         };
+        self.send_missed(&sub_id, &filters, &searches, missed, &mut sent)
+            .await?;
         self.out
             .text_wait(json!(["EOSE", sub_id]).to_string(), STORED_RESULTS_DEADLINE)
             .await?;
@@ -182,7 +292,7 @@ impl Conn {
         if let Err(msg) = self.check_filters(&filters) {
             return Ok(self.closed(&sub_id, &msg)?);
         }
-        let scope = self.scope();
+        let scope = self.settled_scope();
         match self.state.store.count(&self.community.id, &filters, &scope).await {
             Ok(n) => self.send(json!(["COUNT", sub_id, {"count": n}]))?,
             Err(e) => {
@@ -193,51 +303,46 @@ impl Conn {
         Ok(())
     }
 
-    pub(super) async fn on_live(&mut self, p: &Arc<Published>) -> Result<(), Stop> {
-        if self.subs.is_empty() {
-            return Ok(());
-        }
-        let gated = self.state.cfg.p_gated_kinds.contains(&p.event.kind.as_u16());
-        if gated {
-            let Some(me) = self.authed else { return Ok(()) };
-            if p.event.pubkey != me && !p.event.tags.public_keys().any(|pk| pk == me) {
-                return Ok(());
+    /// Sends the events a standby's results may lack (see
+    /// [`Conn::req_scope`]) that match the REQ and were not among its
+    /// stored results (`sent`, which they join), oldest first.
+    async fn send_missed(
+        &mut self,
+        sub_id: &str,
+        filters: &[Filter],
+        searches: &[Option<protocol::search::Query>],
+        missed: Vec<Arc<Published>>,
+        sent: &mut std::collections::HashSet<[u8; 32]>,
+    ) -> Result<(), Overflow> {
+        for p in missed {
+            let id = p.event.id.to_bytes();
+            if p.event.kind.is_ephemeral() || sent.contains(&id) || !matches(filters, searches, &p) {
+                continue;
+            }
+            if visible(&self.state, &self.community, self.authed, &p).await {
+                self.out.live(format!("[\"EVENT\",{},", json!(sub_id)), p)?;
+                sent.insert(id);
             }
         }
-        if p.event.is_expired_at(Timestamp::from_secs(unix_now())) {
+        Ok(())
+    }
+
+    pub(super) async fn on_live(&mut self, p: &Arc<Published>) -> Result<(), Stop> {
+        if self.subs.is_empty() {
             return Ok(());
         }
         // Matching first: most live events match none of a connection's
         // subscriptions (an agent's wake subscription sees every reply and
         // every other agent's wake), and matching is cheaper than the
-        // channel's visibility below.
+        // visibility below.
         let matching: Vec<&String> = self
             .subs
             .iter()
-            .filter(|(_, sub)| {
-                p.seq > sub.seq_floor
-                    && sub.filters.iter().zip(&sub.searches).any(|(f, search)| {
-                        f.match_event(&p.event, LIVE_MATCH)
-                            && search.as_ref().is_none_or(|q| q.matches_words(p.words()))
-                    })
-            })
+            .filter(|(_, sub)| p.seq > sub.seq_floor && matches(&sub.filters, &sub.searches, p))
             .map(|(id, _)| id)
             .collect();
-        if matching.is_empty() {
+        if matching.is_empty() || !visible(&self.state, &self.community, self.authed, p).await {
             return Ok(());
-        }
-        if let Some(channel) = crate::state::channel_of(&p.event) {
-            let view = self
-                .state
-                .channels
-                .get(self.state.store.as_ref(), &self.community, channel)
-                .await;
-            let visible = view.is_some_and(|v| {
-                !v.deleted && (!v.private || self.authed.is_some_and(|me| v.is_member(&me)))
-            });
-            if !visible {
-                return Ok(());
-            }
         }
         for sub_id in matching {
             // The event's JSON is shared with every other subscriber's queue.
@@ -265,7 +370,7 @@ impl Conn {
                 &format!("blocked: at most {max} syncs per connection (max_sync_sessions)"),
             )?);
         }
-        let scope = self.scope();
+        let scope = self.settled_scope();
         let community = self.community.id.clone();
         let answered = crate::neg::open(&self.state, &community, &filter, &scope, message).await;
         Ok(self.neg_answer(sub_id, answered)?)

@@ -95,6 +95,10 @@ struct Args {
     /// first, to this file at the end (the database's share of a figure).
     #[arg(long)]
     pg_stats: Option<std::path::PathBuf>,
+    /// With `--backend postgres`: a hot standby of the server (streaming,
+    /// asynchronous) in `read_database_urls`, serving the relay's reads.
+    #[arg(long)]
+    pg_standby: bool,
     /// Unanswered EVENTs each ingest connection keeps in flight, against
     /// every target (our relay reads 1024 ahead; nostr-rs-relay stalls with
     /// that many from 16 connections, and runs with 256).
@@ -233,6 +237,24 @@ async fn ingest_round(
     meter.sample(t, accepted, faults)
 }
 
+/// With `--pg-standby`: a standby of the store's server, made after its
+/// database, and the configuration line that reads from it.
+fn standby_of(args: &Args, store: &tests::relay::Store) -> (Option<tests::pg::PgServer>, String) {
+    if !args.pg_standby {
+        return (None, String::new());
+    }
+    let Backend::Postgres(server) = &store.backend else {
+        panic!("--pg-standby needs --backend postgres");
+    };
+    let standby = server.standby(false).expect("a standby");
+    let db = store.database_url.rsplit('/').next().expect("a database");
+    let line = format!(
+        "read_database_urls = [\"postgres://postgres@127.0.0.1:{}/{db}\"]\n",
+        standby.port
+    );
+    (Some(standby), line)
+}
+
 /// A relay the bench measures: ours (started here) or a peer.
 struct Target {
     name: String,
@@ -240,9 +262,10 @@ struct Target {
     /// The relay's process when it runs on this machine: ours, or a
     /// peer found by its listening port. CPU and RSS are read from it.
     pid: Option<u32>,
-    /// Ours on PostgreSQL: the server's postmaster, whose backends' CPU
-    /// is the relay's too.
-    db_pid: Option<u32>,
+    /// Ours on PostgreSQL: the servers' postmasters (the primary's, and
+    /// the standby's with `--pg-standby`), whose backends' CPU is the
+    /// relay's too.
+    db_pids: Vec<u32>,
 }
 
 impl Target {
@@ -252,9 +275,9 @@ impl Target {
             name: "ours".into(),
             url: relay.ws_url(),
             pid: relay.pid(),
-            db_pid: match &relay.store.backend {
-                Backend::Postgres(server) => server.pid(),
-                Backend::Sqlite => None,
+            db_pids: match &relay.store.backend {
+                Backend::Postgres(server) => server.pid().into_iter().collect(),
+                Backend::Sqlite => Vec::new(),
             },
         }
     }
@@ -262,7 +285,7 @@ impl Target {
     /// CPU seconds of the relay (and its database) so far.
     fn cpu(&self) -> Option<f64> {
         let pid = self.pid?;
-        Some(cpu_secs(pid, false) + self.db_pid.map_or(0.0, |d| cpu_secs(d, true)))
+        Some(cpu_secs(pid, false) + self.db_pids.iter().map(|&d| cpu_secs(d, true)).sum::<f64>())
     }
 }
 
@@ -1252,17 +1275,19 @@ async fn main() {
         }
         _ => Backend::Sqlite,
     };
-    let metrics = if args.metrics {
+    let metrics = if args.metrics || args.pg_standby {
         "metrics_listen = \"127.0.0.1:0\"\n"
     } else {
         ""
     };
     let env = relay_env(&args);
+    let store = tests::relay::Store::new(&backend);
+    let (standby, reads) = standby_of(&args, &store);
     // A second address, for the fairness figure's second community.
     let relay = Relay::start_listening(
-        tests::relay::Store::new(&backend),
+        store,
         RelayOptions {
-            config_toml: format!("{metrics}{}", bench_toml(&args.sqlite_synchronous)),
+            config_toml: format!("{metrics}{reads}{}", bench_toml(&args.sqlite_synchronous)),
             env,
         },
         "127.0.0.1:0,127.0.0.2:0",
@@ -1283,7 +1308,11 @@ async fn main() {
     );
     println!("{}", host::machine_line(relay.store.dir.path()));
     println!("durability: ours {}", durability(&relay, &args));
+    if standby.is_some() {
+        println!("reads: ours from a hot standby on this machine (read_database_urls)");
+    }
     let mut targets = vec![Target::ours(&relay)];
+    targets[0].db_pids.extend(standby.as_ref().and_then(|s| s.pid()));
     for (i, p) in args.peer.iter().enumerate() {
         let (name, url) = match p.split_once('=') {
             Some((name, url)) => (name.to_string(), url.to_string()),
@@ -1295,7 +1324,7 @@ async fn main() {
             name,
             url,
             pid,
-            db_pid: None,
+            db_pids: Vec::new(),
         });
     }
     for t in &targets {
@@ -1364,6 +1393,15 @@ async fn main() {
         if let Err(e) = std::fs::write(path, relay.log()) {
             eprintln!("writing the relay's log to {}: {e}", path.display());
         }
+    }
+    if standby.is_some() {
+        let scrape = tests::metrics::scrape(&relay).await;
+        let from = |f| tests::metrics::value(&scrape, "relay_reads_total", &[("from", f)]) as u64;
+        println!(
+            "reads: primary {}, standby {} (relay_reads_total)",
+            from("primary"),
+            from("standby")
+        );
     }
     if let (Some(path), Backend::Postgres(server)) = (&args.pg_stats, &backend) {
         let top = server.psql(
