@@ -122,21 +122,7 @@ impl PgServer {
     /// every commit (`synchronous_standby_names = '*'`).
     pub fn standby(&self, synchronous: bool) -> Result<PgServer, String> {
         let (dir, data) = data_dir(self.owner)?;
-        let mut backup = self.client("pg_basebackup");
-        backup
-            .arg("-D")
-            .arg(&data)
-            .args(["-R", "-X", "stream", "--no-sync", "--checkpoint=fast"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        as_owner(&mut backup, self.owner);
-        let out = backup.output().map_err(|e| format!("pg_basebackup: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "pg_basebackup failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
+        self.base_backup(&data)?;
         let standby = PgServer {
             port: free_port(),
             bin: self.bin.clone(),
@@ -148,10 +134,66 @@ impl PgServer {
         };
         standby.run()?;
         if synchronous {
-            self.psql("postgres", "ALTER SYSTEM SET synchronous_standby_names = '*'")?;
-            self.psql("postgres", "SELECT pg_reload_conf()")?;
+            self.set_synchronous(true)?;
         }
         Ok(standby)
+    }
+
+    /// A base backup of this server written to `data` as a standby's
+    /// (`pg_basebackup -R`: `standby.signal` and the connection to here).
+    fn base_backup(&self, data: &Path) -> Result<(), String> {
+        let mut backup = self.client("pg_basebackup");
+        backup
+            .arg("-D")
+            .arg(data)
+            .args(["-R", "-X", "stream", "--no-sync", "--checkpoint=fast"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        as_owner(&mut backup, self.owner);
+        let out = backup.output().map_err(|e| format!("pg_basebackup: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "pg_basebackup failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(())
+    }
+
+    /// Makes this server, killed or stopped, a standby of `primary` on its
+    /// own port (an old primary rejoining after a failover): its data is
+    /// replaced by a base backup of `primary`'s.
+    pub fn follow(&self, primary: &PgServer) -> Result<(), String> {
+        self.kill();
+        std::fs::remove_dir_all(&self.data).map_err(|e| format!("removing the old data: {e}"))?;
+        primary.base_backup(&self.data)?;
+        self.run()
+    }
+
+    /// Whether commits wait for a standby's flush
+    /// (`synchronous_standby_names = '*'`, or empty).
+    pub fn set_synchronous(&self, on: bool) -> Result<(), String> {
+        let names = if on { "*" } else { "" };
+        self.psql(
+            "postgres",
+            &format!("ALTER SYSTEM SET synchronous_standby_names = '{names}'"),
+        )?;
+        self.psql("postgres", "SELECT pg_reload_conf()")?;
+        Ok(())
+    }
+
+    /// Whether a synchronous standby streams from this server now.
+    pub fn has_synchronous_standby(&self) -> bool {
+        let q = "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'";
+        self.psql("postgres", q).is_ok_and(|n| n != "0")
+    }
+
+    /// Runs one SQL statement with psql on the database `url` names (a
+    /// libpq URL: several hosts, `target_session_attrs`).
+    pub fn psql_url(&self, url: &str, sql: &str) -> Result<String, String> {
+        let mut cmd = Command::new(self.bin.join("psql"));
+        cmd.args(["-X", "-q", "-t", "-A", "-d", url, "-c", sql]);
+        answer(cmd)
     }
 
     /// Promotes a standby to a primary and waits until it accepts writes.
@@ -230,16 +272,9 @@ impl PgServer {
 
     /// Runs one SQL statement with psql.
     pub fn psql(&self, db: &str, sql: &str) -> Result<String, String> {
-        let out = self
-            .client("psql")
-            .args(["-X", "-q", "-t", "-A", "-d", db, "-c", sql])
-            .output()
-            .map_err(|e| e.to_string())?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
+        let mut cmd = self.client("psql");
+        cmd.args(["-X", "-q", "-t", "-A", "-d", db, "-c", sql]);
+        answer(cmd)
     }
 
     /// Creates a fresh database and returns its URL.
@@ -280,6 +315,16 @@ impl PgServer {
 impl Drop for PgServer {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// What a psql command printed (trimmed), or its error output.
+fn answer(mut psql: Command) -> Result<String, String> {
+    let out = psql.output().map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
     }
 }
 

@@ -58,6 +58,28 @@ pub struct Store {
 }
 
 impl Store {
+    /// A store on a new database of `primary`, whose URL names the hosts
+    /// of `ports` on loopback (libpq's form) and asks for the writable one
+    /// (the primary and its standbys: docs/backends.md, "Several hosts").
+    pub fn on_hosts(primary: &Arc<crate::pg::PgServer>, ports: &[u16]) -> Arc<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("relay-test-")
+            .tempdir()
+            .expect("tempdir");
+        let created = primary.create_database();
+        let db = created.rsplit('/').next().expect("a database");
+        let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let database_url = format!(
+            "postgres://postgres@{}/{db}?target_session_attrs=read-write",
+            hosts.join(",")
+        );
+        Arc::new(Self {
+            dir,
+            database_url,
+            backend: Backend::Postgres(primary.clone()),
+        })
+    }
+
     pub fn new(backend: &Backend) -> Arc<Self> {
         let dir = tempfile::Builder::new()
             .prefix("relay-test-")
@@ -406,6 +428,11 @@ impl Store {
                     return Err(String::from_utf8_lossy(&out.stderr).into_owned());
                 }
                 Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+            }
+            // Several hosts: the one that takes writes (after a failover,
+            // not the server the store was made on).
+            Backend::Postgres(server) if self.database_url.contains(',') => {
+                server.psql_url(&self.database_url, sql)
             }
             Backend::Postgres(server) => {
                 let db = self.database_url.rsplit('/').next().expect("db name");

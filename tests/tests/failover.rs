@@ -11,24 +11,7 @@ use std::time::{Duration, Instant};
 use nostr::prelude::Keys;
 use tests::pg::{own_server, PgServer};
 use tests::relay::Store;
-use tests::{event, Backend, Client, Relay, RelayOptions};
-
-/// A store on `primary`'s new database whose URL names `first`, then
-/// `second`, and asks for the writable one.
-fn store_on(primary: &Arc<PgServer>, db: &str, first: u16, second: u16) -> Arc<Store> {
-    let dir = tempfile::Builder::new()
-        .prefix("relay-test-")
-        .tempdir()
-        .expect("tempdir");
-    let database_url = format!(
-        "postgres://postgres@127.0.0.1:{first},127.0.0.1:{second}/{db}?target_session_attrs=read-write"
-    );
-    Arc::new(Store {
-        dir,
-        database_url,
-        backend: Backend::Postgres(primary.clone()),
-    })
-}
+use tests::{event, Client, Relay, RelayOptions};
 
 /// How many of `ids` the server's database `db` holds.
 fn held(server: &PgServer, db: &str, ids: &[String]) -> usize {
@@ -77,11 +60,11 @@ async fn ready_within(relay: &Relay, want: u16) -> Option<u16> {
 #[cfg_attr(not(postgres_tests), ignore = "PostgreSQL is not installed (tests/build.rs)")]
 async fn the_relay_follows_the_primary_through_a_promotion() {
     let primary = Arc::new(own_server());
-    let url = primary.create_database();
-    let db = url.rsplit('/').next().expect("a database").to_string();
     let standby = primary.standby(true).expect("a standby");
     // The standby first: the relay must pass it over for the primary.
-    let store = store_on(&primary, &db, standby.port, primary.port);
+    let store = Store::on_hosts(&primary, &[standby.port, primary.port]);
+    let db = store.database_url.rsplit('/').next().expect("a database");
+    let db = db.split('?').next().expect("a name").to_string();
     let relay = Relay::start_with(store, RelayOptions::default());
     let keys = Keys::generate();
     let mut acked = Vec::new();

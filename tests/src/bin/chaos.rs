@@ -4,6 +4,7 @@
 //!
 //! cargo run -p tests --bin chaos -- --trials 1000 --backend sqlite
 //! cargo run -p tests --bin chaos -- --trials 1000 --backend postgres --pg-faults
+//! cargo run -p tests --bin chaos -- --trials 200 --backend postgres --pg-failover
 //!
 //! Prints one summary line and exits non-zero when anything was lost,
 //! duplicated or stuck; when an acknowledged message cannot be read back
@@ -58,6 +59,15 @@ struct Args {
     /// database restarts and backend terminations during the campaign.
     #[arg(long)]
     pg_faults: bool,
+    /// PostgreSQL: a primary and a synchronous standby, the relays given
+    /// both hosts; during the campaign the primary is SIGKILLed and the
+    /// standby promoted, again and again (the old primary rejoins as the
+    /// new one's standby). Two relay processes per lane, as `--pg-faults`.
+    #[arg(long, conflicts_with = "pg_faults")]
+    pg_failover: bool,
+    /// Seconds between failovers (`--pg-failover`).
+    #[arg(long, default_value_t = 8)]
+    failover_every_secs: u64,
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Most of a kill point's deliveries and runs that may fail visibly
@@ -477,8 +487,13 @@ fn handler_script(store: &Store, fails: bool) -> (String, PathBuf) {
 
 const AGENT_EXTRA: &str = "lease_secs = 3\npoll_interval_secs = 1\ndebounce_ms = 0\nmax_turn_deliveries = 1\nreconnect_min_ms = 50\nreconnect_max_ms = 500";
 
-async fn lane(backend: &Backend, two_relays: bool, sabotage: Option<Sabotage>) -> Lane {
-    let store = Store::new(backend);
+/// A lane's relays, agent and fixtures on a database of `backend` (its
+/// URL naming the servers of `hosts`' ports when there are several).
+async fn lane(backend: &Backend, hosts: &[u16], two_relays: bool, sabotage: Option<Sabotage>) -> Lane {
+    let store = match backend {
+        Backend::Postgres(primary) if hosts.len() > 1 => Store::on_hosts(primary, hosts),
+        _ => Store::new(backend),
+    };
     let opts = RelayOptions {
         config_toml: RELAY_TOML.into(),
         ..Default::default()
@@ -1132,6 +1147,39 @@ fn hex_expr(store: &Store, col: &str) -> String {
     }
 }
 
+/// Fails over between the servers of `pair` (the first the primary)
+/// every `every` until `stop`: once a synchronous standby streams, the
+/// primary is SIGKILLed, the standby promoted and made to commit alone,
+/// and the old primary rejoins as its standby (a base backup), the new
+/// primary then waiting for it again. From a plain thread that lives to
+/// the end (a server started by a thread dies with it). Returns how many
+/// failovers were made.
+fn failovers(mut pair: [Arc<PgServer>; 2], every: Duration, stop: &std::sync::atomic::AtomicBool) -> u64 {
+    let stopped = || stop.load(std::sync::atomic::Ordering::SeqCst);
+    let mut done = 0;
+    // Let the lanes set up first.
+    let mut next = Instant::now() + Duration::from_secs(15);
+    loop {
+        while Instant::now() < next || !pair[0].has_synchronous_standby() {
+            if stopped() {
+                return done;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let [old, new] = &pair;
+        old.kill();
+        new.promote().expect("promotion");
+        // Alone until the old primary rejoins: commits must not wait for
+        // a standby that is not there.
+        new.set_synchronous(false).expect("asynchronous");
+        old.follow(new).expect("the old primary rejoins as a standby");
+        new.set_synchronous(true).expect("synchronous again");
+        pair.swap(0, 1);
+        done += 1;
+        next = Instant::now() + every;
+    }
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args = Args::parse();
@@ -1145,15 +1193,23 @@ async fn main() {
         Some(s) => Backend::Postgres(s.clone()),
         None => Backend::Sqlite,
     };
+    // `--pg-failover`: a synchronous standby, both servers in each URL.
+    let standby = match (&server, args.pg_failover) {
+        (Some(s), true) => Some(Arc::new(s.standby(true).expect("a standby"))),
+        (None, true) => panic!("--pg-failover needs --backend postgres"),
+        _ => None,
+    };
+    let hosts: Vec<u16> = server.iter().chain(&standby).map(|s| s.port).collect();
+    let two_relays = args.pg_faults || args.pg_failover;
     let lanes = args.parallel.max(1).min(args.trials.max(1));
     let mut handles = Vec::new();
     for l in 0..lanes {
-        let backend = backend.clone();
-        let (trials, messages, pg_faults, seed) = (args.trials, args.messages, args.pg_faults, args.seed);
+        let (backend, hosts) = (backend.clone(), hosts.clone());
+        let (trials, messages, seed) = (args.trials, args.messages, args.seed);
         let sabotage = args.sabotage;
         handles.push(tokio::spawn(async move {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed.wrapping_mul(1000) + l as u64);
-            let mut lane = lane(&backend, pg_faults, sabotage).await;
+            let mut lane = lane(&backend, &hosts, two_relays, sabotage).await;
             let mut counts = Counts::default();
             for t in (l..trials).step_by(lanes) {
                 let point = POINTS[t % POINTS.len()];
@@ -1202,12 +1258,22 @@ async fn main() {
         }
         _ => None,
     };
+    let failover_thread = match (&server, &standby) {
+        (Some(a), Some(b)) => {
+            let pair = [a.clone(), b.clone()];
+            let every = Duration::from_secs(args.failover_every_secs);
+            let stop = stop.clone();
+            Some(std::thread::spawn(move || failovers(pair, every, &stop)))
+        }
+        _ => None,
+    };
     let mut total = Counts::default();
     for h in handles {
         total.add(&h.await.expect("lane"));
     }
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let (pg_restarts, pg_terminations) = pg_thread.map(|t| t.join().unwrap_or((0, 0))).unwrap_or((0, 0));
+    let pg_failovers = failover_thread.map_or(0, |t| t.join().expect("failover thread"));
     let mut reached: Vec<String> = total
         .points_reached
         .iter()
@@ -1220,7 +1286,7 @@ async fn main() {
          duplicate_replies={} replies_without_delivered={} delivered_without_reply={} stuck={} runs_ended={} \
          runs_stuck={} runs_advanced_twice={} runs_without_final={} webhook_calls_twice={} webhook_interrupted={} \
          approvals_decided_twice={} reruns={} reruns_missing={} reruns_twice={} kills={} pg_restarts={} \
-         pg_terminations={} seconds={}",
+         pg_terminations={} pg_failovers={} seconds={}",
         args.backend,
         total.trials,
         total.acked,
@@ -1249,6 +1315,7 @@ async fn main() {
         total.kills,
         pg_restarts,
         pg_terminations,
+        pg_failovers,
         started.elapsed().as_secs()
     );
     println!("kill points reached: {}", reached.join(" "));
