@@ -183,7 +183,7 @@ fn init_logs(cfg: &Config) -> anyhow::Result<()> {
 /// Opens the store a command other than `serve` reads: it must exist (only
 /// `serve` creates one), and the command says on stderr which it is.
 async fn open_existing(cfg: &Config) -> anyhow::Result<std::sync::Arc<relay::store::Store>> {
-    let shown = relay::persistence::postgres::redacted(&cfg.database_url);
+    let shown = relay::persistence::hosts::redacted(&cfg.database_url);
     let store = relay::store::open(cfg, relay::store::OpenMode::Existing)
         .await
         .with_context(|| format!("opening the database {shown}"))?;

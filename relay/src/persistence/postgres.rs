@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 
 use crate::config::PostgresConfig;
 use crate::persistence::db::{Tx, Q};
+use crate::persistence::hosts::redacted;
 use crate::persistence::primary;
 use crate::persistence::standbys::Standbys;
 use crate::persistence::OpenMode;
@@ -195,11 +196,6 @@ async fn connect(options: PgPoolOptions, opts: PgConnectOptions, url: &str) -> R
         }
         Err(e) => Err(e.into()),
     }
-}
-
-/// A database URL without its password, to name it in messages.
-pub fn redacted(url: &str) -> String {
-    super::hosts::redacted(url)
 }
 
 /// A pool's options; a connection opened before the pools last moved to
