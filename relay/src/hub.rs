@@ -84,12 +84,13 @@ impl Channel {
         }
     }
 
-    /// Drops recent events published before `oldest`, and the oldest
-    /// while there are more than the bounds allow.
-    fn trim(&mut self, oldest: Instant) {
+    /// Drops recent events published before `oldest` (none by age when
+    /// `None`), and the oldest while there are more than the bounds allow.
+    fn trim(&mut self, oldest: Option<Instant>) {
         while let Some(front) = self.recent.front() {
             let over = self.recent.len() > RECENT_EVENTS_MAX || self.recent_bytes > RECENT_BYTES_MAX;
-            if front.at >= oldest && !over {
+            let old = oldest.is_some_and(|o| front.at < o);
+            if !old && !over {
                 break;
             }
             self.forgot = Some(front.at);
@@ -152,7 +153,7 @@ impl Hub {
         let Some(ch) = map.get_mut(community) else {
             return Some(Vec::new()); // nothing ever published here
         };
-        ch.trim(Instant::now().checked_sub(self.recent_for).unwrap_or(at));
+        ch.trim(Instant::now().checked_sub(self.recent_for));
         if ch.forgot.is_some_and(|f| f >= at) {
             return None;
         }
@@ -182,7 +183,7 @@ impl Hub {
         if !self.recent_for.is_zero() {
             ch.recent_bytes += published.raw.len();
             ch.recent.push_back(published.clone());
-            ch.trim(at.checked_sub(self.recent_for).unwrap_or(at));
+            ch.trim(at.checked_sub(self.recent_for));
         }
         // No receivers is not an error: nobody is listening.
         let _ = ch.sender.send(published);
