@@ -66,9 +66,12 @@ pub fn machine_line(dir: &std::path::Path) -> String {
         Ok(mb_per_s) => format!("{mb_per_s:.1} MB/s"),
         Err(e) => format!("not measured ({e})"),
     };
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load: Vec<&str> = load.split_whitespace().take(3).collect();
     format!(
-        "machine: {model}, {cores} cores, Linux {}, synchronous 4 KiB writes {dsync} (as dd bs=4k count={DSYNC_WRITES} oflag=dsync in {})",
+        "machine: {model}, {cores} cores, Linux {}, load average {} (1, 5, 15 min), synchronous 4 KiB writes {dsync} (as dd bs=4k count={DSYNC_WRITES} oflag=dsync in {})",
         kernel.trim(),
+        load.join(" "),
         dir.display()
     )
 }

@@ -364,15 +364,16 @@ async fn ingest(targets: &[Target], rounds: usize, quick: bool, window: usize) {
     println!("ingest floor: the id and signature check alone takes {floor_us:.1} µs of CPU an event (Event::verify, one core)");
     for conns in [1usize, 16, 256] {
         let n = if quick { 20_000 } else { 100_000 };
-        let mut results = Vec::new();
-        for t in targets {
-            let mut r = Rounds::default();
-            for round in 0..rounds {
+        // Round by round, every target in turn (A B A B): the machine's
+        // drift over the figure falls on all of them alike.
+        let mut per_target: Vec<Rounds> = targets.iter().map(|_| Rounds::default()).collect();
+        for round in 0..rounds {
+            for (t, r) in targets.iter().zip(&mut per_target) {
                 let s = ingest_round(t, n, conns, window, &keys, round).await;
                 r.push(s.rate, s.cpu_us, s.generator_cores, s.faults);
             }
-            results.push(r.measured());
         }
+        let results: Vec<Measured> = per_target.iter().map(Rounds::measured).collect();
         report(
             &format!("ingest {conns} conn ({window} in flight each)"),
             "events/s",
@@ -422,10 +423,7 @@ async fn fanout_target(t: &Target, rounds: usize, subs: usize) -> Option<[Measur
             t.name != "ours",
             "our relay did not answer every subscription with EOSE"
         );
-        eprintln!(
-            "{}: not every subscription got EOSE within 30 s; fan-out not measured",
-            t.name
-        );
+        dropped_out(&t.name, "fan-out: not every subscription got EOSE within 30 s");
         return None;
     }
     if let (Some(before), Some(pid)) = (rss_before, t.pid) {
@@ -1435,4 +1433,22 @@ async fn main() {
         );
         memory(&Target::ours(&fresh), args.quick).await;
     }
+    let dropped = DROPPED_OUT.lock().unwrap_or_else(|p| p.into_inner());
+    if !dropped.is_empty() {
+        println!("FAILED: peers dropped out of figures: {}", dropped.join("; "));
+        std::process::exit(1);
+    }
+}
+
+/// Peers that dropped out of a figure, and why: the run fails at its end
+/// (their figures' lines name only the others).
+static DROPPED_OUT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Records that peer `name` dropped out of a figure (`why`), and says so.
+fn dropped_out(name: &str, why: &str) {
+    eprintln!("{name}: {why}; not measured");
+    DROPPED_OUT
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(format!("{name} ({why})"));
 }

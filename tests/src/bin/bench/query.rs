@@ -18,7 +18,7 @@ use tests::Relay;
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::report::{percentile, report, Better, Faults, Measured, Rounds};
-use crate::{connect, names, next_json, pump, Meter, Target, ANSWER_TIMEOUT};
+use crate::{connect, names, next_json, pump, Meter, Sample, Target, ANSWER_TIMEOUT};
 
 /// Words of the preloaded contents: each event holds two of them, so one
 /// word is in about 0.2% of the store (2,000 of a million events).
@@ -312,9 +312,9 @@ pub async fn query(
             targets
         };
         for load in [latency, saturated] {
+            let measured = shape_rounds(serving, &data, shape, load, rounds, latency_log.as_deref()).await;
             let mut figures = [Vec::new(), Vec::new(), Vec::new()];
-            for (t, d) in serving.iter().zip(&data) {
-                let [rate, p50, p99] = shape_rounds(t, d, shape, load, rounds, latency_log.as_deref()).await;
+            for [rate, p50, p99] in measured {
                 figures[0].push(rate);
                 figures[1].push(p50);
                 figures[2].push(p99);
@@ -348,57 +348,77 @@ pub async fn query(
     sync_figure(&targets[0], &data[0].2, rounds).await;
 }
 
-/// Rounds of one shape under one load against one target: REQ/s (with the
-/// relay's CPU per REQ), p50 and p99, each the median over rounds.
+/// Rounds of one shape under one load, every target in turn each round
+/// (A B A B: the machine's drift over the figure falls on all alike):
+/// per target, REQ/s (with the relay's CPU per REQ), p50 and p99, each
+/// the median over rounds.
 async fn shape_rounds(
-    t: &Target,
-    (authors, channels, _): &Preloaded,
+    targets: &[Target],
+    data: &[Preloaded],
     shape: Shape,
     load: Load,
     rounds: usize,
     latency_log: Option<&std::path::Path>,
-) -> [Measured; 3] {
+) -> Vec<[Measured; 3]> {
     let epoch = Instant::now();
-    let now = Timestamp::now().as_secs();
-    let pks: Vec<String> = authors.iter().map(|k| k.public_key().to_hex()).collect();
-    let (mut rate, mut p50, mut p99) = (Rounds::default(), Rounds::default(), Rounds::default());
+    let mut acc: Vec<[Rounds; 3]> = targets.iter().map(|_| Default::default()).collect();
     // Round 0 is a warm-up, not counted: the first time a query shape runs
     // on each of the relay's pooled database connections it is parsed and
     // planned there (on PostgreSQL a round trip and, with time partitions,
     // a costly plan); in a short round those first uses alone would be the
     // p99.
     for round in 0..=rounds {
-        let meter = Meter::start(t);
-        let stop = Instant::now() + load.round;
-        let hs: Vec<_> = (0..load.conns)
-            .map(|c| {
-                let (url, pks, channels) = (t.url.clone(), pks.clone(), channels.clone());
-                let mut rng = rand::rngs::StdRng::seed_from_u64((round * load.conns + c) as u64);
-                tokio::spawn(async move {
-                    let next = move || shape.filter(&mut rng, &pks, &channels, now);
-                    req_stream(&url, load, stop, epoch, next).await
-                })
-            })
-            .collect();
-        let (mut lat, mut faults) = (Vec::new(), Faults::default());
-        for (c, h) in hs.into_iter().enumerate() {
-            let (timed, f) = h.await.expect("query connection");
-            faults.add(f);
-            if let Some(path) = latency_log {
-                log_latencies(path, &t.name, shape, round, c, &timed);
+        for ((t, d), [rate, p50, p99]) in targets.iter().zip(data).zip(&mut acc) {
+            let (s, lat) = shape_round(t, d, shape, load, round, epoch, latency_log).await;
+            if round > 0 {
+                rate.push(s.rate, s.cpu_us, s.generator_cores, s.faults);
+                p50.push(percentile(&lat, 0.5), None, s.generator_cores, s.faults);
+                p99.push(percentile(&lat, 0.99), None, s.generator_cores, s.faults);
             }
-            lat.extend(timed.into_iter().map(|(_, ms)| ms));
         }
-        let s = meter.sample(t, lat.len(), faults);
-        if round == 0 {
-            continue;
-        }
-        lat.sort_by(f64::total_cmp);
-        rate.push(s.rate, s.cpu_us, s.generator_cores, s.faults);
-        p50.push(percentile(&lat, 0.5), None, s.generator_cores, s.faults);
-        p99.push(percentile(&lat, 0.99), None, s.generator_cores, s.faults);
     }
-    [rate.measured(), p50.measured(), p99.measured()]
+    acc.iter()
+        .map(|[rate, p50, p99]| [rate.measured(), p50.measured(), p99.measured()])
+        .collect()
+}
+
+/// One round of one shape under one load against one target: the
+/// meter's sample and the latencies (ms, sorted).
+async fn shape_round(
+    t: &Target,
+    (authors, channels, _): &Preloaded,
+    shape: Shape,
+    load: Load,
+    round: usize,
+    epoch: Instant,
+    latency_log: Option<&std::path::Path>,
+) -> (Sample, Vec<f64>) {
+    let now = Timestamp::now().as_secs();
+    let pks: Vec<String> = authors.iter().map(|k| k.public_key().to_hex()).collect();
+    let meter = Meter::start(t);
+    let stop = Instant::now() + load.round;
+    let hs: Vec<_> = (0..load.conns)
+        .map(|c| {
+            let (url, pks, channels) = (t.url.clone(), pks.clone(), channels.clone());
+            let mut rng = rand::rngs::StdRng::seed_from_u64((round * load.conns + c) as u64);
+            tokio::spawn(async move {
+                let next = move || shape.filter(&mut rng, &pks, &channels, now);
+                req_stream(&url, load, stop, epoch, next).await
+            })
+        })
+        .collect();
+    let (mut lat, mut faults) = (Vec::new(), Faults::default());
+    for (c, h) in hs.into_iter().enumerate() {
+        let (timed, f) = h.await.expect("query connection");
+        faults.add(f);
+        if let Some(path) = latency_log {
+            log_latencies(path, &t.name, shape, round, c, &timed);
+        }
+        lat.extend(timed.into_iter().map(|(_, ms)| ms));
+    }
+    let s = meter.sample(t, lat.len(), faults);
+    lat.sort_by(f64::total_cmp);
+    (s, lat)
 }
 
 /// Appends one line per timed REQ: target, shape, round, connection, ms

@@ -2,7 +2,8 @@
 //! ours is better), then every target's absolute value with the relay's
 //! CPU per operation, the load generator's own CPU, and every refusal,
 //! timeout and missing answer of its rounds. A figure with any of those is
-//! marked INCOMPLETE, and so is each ratio that uses it.
+//! marked INCOMPLETE, and no ratio is printed that uses it (the line says
+//! which side was incomplete instead).
 
 use std::fmt;
 
@@ -106,16 +107,21 @@ pub fn report(figure: &str, unit: &str, better: Better, per: &str, names: &[Stri
         .zip(m)
         .skip(1)
         .map(|(name, p)| {
+            // A ratio of a figure some of whose work failed would compare
+            // unlike things: say which side is incomplete instead.
+            let incomplete: Vec<&str> = [(names[0].as_str(), &ours), (name.as_str(), p)]
+                .iter()
+                .filter(|(_, v)| !v.faults.is_clean())
+                .map(|(n, _)| *n)
+                .collect();
+            if !incomplete.is_empty() {
+                return format!("vs {name}: no ratio ({} INCOMPLETE)", incomplete.join(", "));
+            }
             let ratio = match better {
                 Better::Higher => ours.value / p.value,
                 Better::Lower => p.value / ours.value,
             };
-            let mark = if ours.faults.is_clean() && p.faults.is_clean() {
-                ""
-            } else {
-                " INCOMPLETE"
-            };
-            format!("vs {name} {ratio:.2}x{mark}")
+            format!("vs {name} {ratio:.2}x")
         })
         .collect();
     let values: Vec<String> = names
