@@ -35,6 +35,10 @@ pub struct AgentConfig {
     /// Reconnect backoff bounds.
     pub reconnect_min_ms: u64,
     pub reconnect_max_ms: u64,
+    /// Take deliveries made by mentions (docs/protocol.md, "Mentions":
+    /// the relay makes them only where the owner turned them on); false:
+    /// each is finished `failed` with `mentions_off`.
+    pub mentions: bool,
     /// The handler that does the work.
     pub handler: HandlerConfig,
     /// Where Prometheus scrapes `/metrics`; unset: no metrics.
@@ -55,6 +59,7 @@ impl Default for AgentConfig {
             max_turn_deliveries: 16,
             reconnect_min_ms: 200,
             reconnect_max_ms: 10_000,
+            mentions: true,
             handler: HandlerConfig::default(),
             metrics_listen: None,
         }

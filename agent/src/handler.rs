@@ -600,6 +600,7 @@ mod tests {
                 output: None,
                 revision: 0,
                 traceparent: None,
+                source: Default::default(),
             },
             message: EventBuilder::new(Kind::from_u16(9), format!("msg {id}"))
                 .finalize(&keys)

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, PublicKey, Tag};
-use protocol::api::{ClaimRequest, FinishRequest, Outcome as WireOutcome};
-use serde_json::Value;
+use protocol::api::{ClaimRequest, DeliverySource, FinishRequest, Outcome as WireOutcome};
+use serde_json::{json, Value};
 use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -18,7 +18,7 @@ use crate::api::{Api, Delivery};
 use crate::config::AgentConfig;
 use crate::handler::{Handler, Ops, Outcome, Turn, TurnItem};
 use crate::relay::{self, Backoff, RelayLink};
-use crate::verify::{self, Trust, Wake};
+use crate::verify::{self, Failure, Trust, Verified, Wake};
 
 /// A finish of `d` with `outcome` (no reply).
 fn finish_body(
@@ -324,12 +324,16 @@ impl Runtime {
     /// finishes it `failed` with the verification code.
     async fn accept(self: &Arc<Self>, d: Delivery, wake: Option<Wake>) {
         let lease = self.keep_lease(&d);
-        let wake = wake.or_else(|| self.remembered(&d.id));
-        let def = self.link.event_by_id(&d.definition_event_id).await;
-        let msg = self.link.event_by_id(&d.message_event_id).await;
-        let (def, msg) = match (def, msg) {
-            (Ok(def), Ok(msg)) => (def, msg),
-            (Err(e), _) | (_, Err(e)) => {
+        // A wake remembered from before a revision names the row's older
+        // message: out of date, not a mismatch (the revision's own wake
+        // may have been lost).
+        let wake = wake.or_else(|| {
+            self.remembered(&d.id)
+                .filter(|w| d.revision == 0 || w.message_event_id.eq_ignore_ascii_case(&d.message_event_id))
+        });
+        let verdict = match self.check(&d, wake.as_ref()).await {
+            Ok(verdict) => verdict,
+            Err(e) => {
                 // Could not ask: not a verdict on the delivery. Let it be redelivered.
                 tracing::warn!(error = %e, delivery = %d.id, "fetching events failed; retrying later");
                 let body = finish_body(
@@ -342,7 +346,7 @@ impl Runtime {
                 return;
             }
         };
-        match verify::verify(&d, wake.as_ref(), def.as_ref(), msg.as_ref(), &self.trust) {
+        match verdict {
             Err(f) => {
                 tracing::warn!(delivery = %d.id, code = f.code, reason = %f.message, "delivery failed verification");
                 metrics::counter!(crate::telemetry::VERIFICATION_FAILURES, "code" => f.code).increment(1);
@@ -358,6 +362,34 @@ impl Runtime {
                 self.enqueue(channel, Claimed { item, lease });
             }
         }
+    }
+
+    /// Fetches what a delivery is checked against and checks it: the
+    /// definition and the message of a workflow's, the message and the
+    /// channel's member list of a mention. `Err` when the relay could not
+    /// be asked.
+    async fn check(&self, d: &Delivery, wake: Option<&Wake>) -> Result<Result<Verified, Failure>, String> {
+        let msg = self.link.event_by_id(&d.message_event_id).await?;
+        if d.source == DeliverySource::Mention {
+            let filter = json!({
+                "kinds": [protocol::nip29::GROUP_MEMBERS],
+                "authors": [self.trust.relay.to_hex()],
+                "#d": [d.channel],
+                "limit": 1,
+            });
+            let members = self.link.query(filter).await?.into_iter().next();
+            let accept = self.cfg.mentions;
+            return Ok(verify::verify_mention(
+                d,
+                wake,
+                msg.as_ref(),
+                members.as_ref(),
+                &self.trust,
+                accept,
+            ));
+        }
+        let def = self.link.event_by_id(&d.definition_event_id).await?;
+        Ok(verify::verify(d, wake, def.as_ref(), msg.as_ref(), &self.trust))
     }
 
     fn enqueue(self: &Arc<Self>, channel: String, c: Claimed) {

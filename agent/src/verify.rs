@@ -101,10 +101,29 @@ pub fn check_wake(ev: &Event, trust: &Trust) -> Result<Wake, Failure> {
 /// A delivery that passed every check.
 #[derive(Debug, Clone)]
 pub struct Verified {
-    pub definition: Event,
+    /// The workflow definition (none for a mention).
+    pub definition: Option<Event>,
     pub message: Event,
     /// The rendered text (equal to the message content).
     pub text: String,
+}
+
+/// The claimed delivery is the one its wake hint named.
+fn check_wake_binding(d: &Delivery, wake: Option<&Wake>) -> Result<(), Failure> {
+    let Some(w) = wake else { return Ok(()) };
+    let same = w.delivery_id == d.id
+        && w.channel == d.channel
+        && w.run_id == d.run_id
+        && w.step_id == d.step_id
+        && w.definition_event_id.eq_ignore_ascii_case(&d.definition_event_id)
+        && w.message_event_id.eq_ignore_ascii_case(&d.message_event_id);
+    if !same {
+        return fail(
+            "wake_binding_mismatch",
+            "the claimed delivery does not match its wake hint",
+        );
+    }
+    Ok(())
 }
 
 /// Verifies a claimed delivery against its wake (if any), the definition and
@@ -116,20 +135,7 @@ pub fn verify(
     message: Option<&Event>,
     trust: &Trust,
 ) -> Result<Verified, Failure> {
-    if let Some(w) = wake {
-        let same = w.delivery_id == d.id
-            && w.channel == d.channel
-            && w.run_id == d.run_id
-            && w.step_id == d.step_id
-            && w.definition_event_id.eq_ignore_ascii_case(&d.definition_event_id)
-            && w.message_event_id.eq_ignore_ascii_case(&d.message_event_id);
-        if !same {
-            return fail(
-                "wake_binding_mismatch",
-                "the claimed delivery does not match its wake hint",
-            );
-        }
-    }
+    check_wake_binding(d, wake)?;
     if !d.target_pubkey.eq_ignore_ascii_case(&trust.me.to_hex()) {
         return fail("target_mismatch", "the delivery is not addressed to this agent");
     }
@@ -252,10 +258,104 @@ pub fn verify(
         );
     }
     Ok(Verified {
-        definition: def.clone(),
+        definition: Some(def.clone()),
         message: msg.clone(),
         text: msg.content.clone(),
     })
+}
+
+/// Verifies a claimed mention (docs/protocol.md, "Mentions"): no
+/// workflow, so what is checked is the message itself (by id, signed by
+/// its author, a kind 9 in the delivery's channel naming this agent, not
+/// by this agent nor the relay), that the row is bound to it (its run and
+/// definition are the message's id), and that the author is a member: on
+/// the channel's member list (kind 39002, `d` the channel) signed by the
+/// relay. `accept` is the agent's own `mentions` setting: when off, every
+/// mention fails `mentions_off`.
+pub fn verify_mention(
+    d: &Delivery,
+    wake: Option<&Wake>,
+    message: Option<&Event>,
+    members: Option<&Event>,
+    trust: &Trust,
+    accept: bool,
+) -> Result<Verified, Failure> {
+    if !accept {
+        return fail(
+            "mentions_off",
+            "this agent takes no mentions (its `mentions` setting)",
+        );
+    }
+    check_wake_binding(d, wake)?;
+    let me = trust.me.to_hex();
+    if !d.target_pubkey.eq_ignore_ascii_case(&me) {
+        return fail("target_mismatch", "the delivery is not addressed to this agent");
+    }
+    let Some(msg) = message else {
+        return fail("message_unverifiable", "the mention could not be fetched");
+    };
+    let id = msg.id.to_hex();
+    if id != d.message_event_id.to_ascii_lowercase() || msg.verify().is_err() {
+        return fail(
+            "message_unverifiable",
+            "the message's id or signature is not valid",
+        );
+    }
+    if msg.kind.as_u16() != workflow::MESSAGE_KIND || msg.pubkey == trust.me || msg.pubkey == trust.relay {
+        return fail(
+            "message_unverifiable",
+            "a mention is a kind 9 by someone other than this agent and the relay",
+        );
+    }
+    if single(msg, "h") != Some(d.channel.as_str()) {
+        return fail("message_binding_mismatch", "the message is in another channel");
+    }
+    if !workflow::tag_values(msg, "p").contains(&me.as_str()) {
+        return fail("message_binding_mismatch", "the message does not name this agent");
+    }
+    let bound = d.run_id == id
+        && d.definition_event_id.eq_ignore_ascii_case(&id)
+        && d.step_id == protocol::api::MENTION_STEP;
+    if !bound {
+        return fail(
+            "message_binding_mismatch",
+            "the delivery is not bound to this message",
+        );
+    }
+    check_member(msg, &d.channel, members, trust)?;
+    Ok(Verified {
+        definition: None,
+        message: msg.clone(),
+        text: msg.content.clone(),
+    })
+}
+
+/// The message's author is on the channel's member list signed by the relay.
+fn check_member(msg: &Event, channel: &str, members: Option<&Event>, trust: &Trust) -> Result<(), Failure> {
+    let Some(list) = members else {
+        return fail(
+            "author_not_member",
+            "the channel's member list could not be fetched",
+        );
+    };
+    let valid = list.kind.as_u16() == protocol::nip29::GROUP_MEMBERS
+        && list.pubkey == trust.relay
+        && single(list, "d") == Some(channel)
+        && list.verify().is_ok();
+    if !valid {
+        return fail(
+            "author_not_member",
+            "the member list is not the channel's kind 39002 signed by the relay",
+        );
+    }
+    let author = msg.pubkey.to_hex();
+    if !workflow::tag_values(list, "p").contains(&author.as_str()) {
+        return fail(
+            "author_not_member",
+            "the mention's author is not a member of the channel",
+        );
+    }
+    Ok(())
 }
 
 /// The message is the step's text rendered again: exactly, or (revision
@@ -351,6 +451,7 @@ mod tests {
             output: None,
             revision: 0,
             traceparent: None,
+            source: Default::default(),
         };
         World {
             relay,
@@ -538,5 +639,80 @@ mod tests {
             .finalize(&w.relay)
             .unwrap();
         assert_eq!(check_wake(&ev, &t).unwrap_err().code, "wake_invalid");
+    }
+
+    /// A mention of the world's agent by `author` in `ops`, its row, and
+    /// the channel's member list signed by `signer` listing `members`.
+    fn mention(w: &World, author: &Keys, signer: &Keys, members: &[&Keys]) -> (Event, Delivery, Event) {
+        let msg = EventBuilder::new(Kind::from_u16(9), "@agent can you check this?")
+            .tags([
+                Tag::custom("h", ["ops"]),
+                Tag::custom("p", [w.agent.public_key().to_hex()]),
+            ])
+            .finalize(author)
+            .unwrap();
+        let id = msg.id.to_hex();
+        let d = Delivery {
+            workflow_id: String::new(),
+            run_id: id.clone(),
+            step_id: protocol::api::MENTION_STEP.into(),
+            definition_event_id: id.clone(),
+            message_event_id: id,
+            source: protocol::api::DeliverySource::Mention,
+            ..w.d.clone()
+        };
+        let mut tags = vec![Tag::identifier("ops")];
+        tags.extend(
+            members
+                .iter()
+                .map(|k| Tag::custom("p", [k.public_key().to_hex()])),
+        );
+        let list = EventBuilder::new(Kind::from_u16(protocol::nip29::GROUP_MEMBERS), "")
+            .tags(tags)
+            .finalize(signer)
+            .unwrap();
+        (msg, d, list)
+    }
+
+    #[test]
+    fn a_mention_by_a_member_verifies_and_nothing_else_does() {
+        let w = world();
+        let t = trust(&w);
+        let person = Keys::generate();
+        let (msg, d, list) = mention(&w, &person, &w.relay, &[&person, &w.agent]);
+        let check = |d: &Delivery, msg: &Event, list: &Event, accept: bool| {
+            code(verify_mention(d, None, Some(msg), Some(list), &t, accept))
+        };
+        let v = verify_mention(&d, None, Some(&msg), Some(&list), &t, true).unwrap();
+        assert_eq!(v.text, "@agent can you check this?");
+        assert!(v.definition.is_none());
+        assert_eq!(check(&d, &msg, &list, false), "mentions_off");
+        // The author is not on the list; the list is not the relay's.
+        let (_, _, others) = mention(&w, &person, &w.relay, &[&w.agent]);
+        assert_eq!(check(&d, &msg, &others, true), "author_not_member");
+        let (_, _, forged) = mention(&w, &person, &person, &[&person]);
+        assert_eq!(check(&d, &msg, &forged, true), "author_not_member");
+        assert_eq!(
+            code(verify_mention(&d, None, Some(&msg), None, &t, true)),
+            "author_not_member"
+        );
+        // A mention by the agent itself, or by the relay.
+        let (own, own_d, own_list) = mention(&w, &w.agent, &w.relay, &[&w.agent]);
+        assert_eq!(check(&own_d, &own, &own_list, true), "message_unverifiable");
+        let (by_relay, relay_d, _) = mention(&w, &w.relay, &w.relay, &[]);
+        assert_eq!(check(&relay_d, &by_relay, &list, true), "message_unverifiable");
+        // A row bound to another message, or another step.
+        let mut other = d.clone();
+        other.run_id = "ab".repeat(32);
+        assert_eq!(check(&other, &msg, &list, true), "message_binding_mismatch");
+        let mut other = d.clone();
+        other.step_id = "s".into();
+        assert_eq!(check(&other, &msg, &list, true), "message_binding_mismatch");
+        let mut other = d.clone();
+        other.channel = "elsewhere".into();
+        assert_eq!(check(&other, &msg, &list, true), "message_binding_mismatch");
+        let mut other = d.clone();
+        other.message_event_id = "cd".repeat(32);
+        assert_eq!(check(&other, &msg, &list, true), "message_unverifiable");
     }
 }

@@ -21,6 +21,20 @@ pub enum DeliveryStatus {
     Cancelled,
 }
 
+/// What made a delivery: a workflow's step, or a person's mention of the
+/// agent in a channel (docs/protocol.md, "Mentions").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeliverySource {
+    #[default]
+    Workflow,
+    Mention,
+}
+
+/// A mention's row has no workflow: its `step_id` is this, and its
+/// `run_id` and `definition_event_id` are the message's id.
+pub const MENTION_STEP: &str = "mention";
+
 /// What an agent says of an attempt when it finishes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -119,6 +133,7 @@ names!(DeliveryStatus {
     Expired => "expired",
     Cancelled => "cancelled",
 });
+names!(DeliverySource { Workflow => "workflow", Mention => "mention" });
 names!(Outcome { Delivered => "delivered", Retry => "retry", Failed => "failed" });
 names!(Effect { Read => "read", Write => "write" });
 names!(RunStatus {
@@ -221,6 +236,9 @@ pub struct ClaimedDelivery {
     /// agent's work continues the run's trace from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
+    /// What made it (absent: a workflow's step).
+    #[serde(default)]
+    pub source: DeliverySource,
 }
 
 /// The answer to a claim: the delivery, or `null` when none was due.
@@ -281,6 +299,9 @@ pub struct FinishAnswer {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeliveryView {
     pub id: String,
+    /// What made it (absent: a workflow's step).
+    #[serde(default)]
+    pub source: DeliverySource,
     pub workflow_id: String,
     pub run_id: String,
     pub step_id: String,

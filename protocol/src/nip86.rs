@@ -148,6 +148,31 @@ pub struct WorkflowChanged {
     pub paused: bool,
 }
 
+/// Where an agent takes mentions: one channel, or (`None`) every channel
+/// of the community.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MentionScope {
+    pub agent: [u8; 32],
+    pub channel: Option<String>,
+}
+
+/// One agent's mentions turned on (`setmentions`' answer and
+/// `listmentions`' rows; `on` is false in the answer of a call that turned
+/// them off). `channel` is `null` for every channel.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MentionSetting {
+    pub agent: String,
+    pub channel: Option<String>,
+    pub on: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<i64>,
+}
+
+/// Most rows `listmentions` answers.
+pub const MAX_LIST_MENTIONS: usize = 1000;
+
 /// The methods, NIP-86's first, then this relay's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Method {
@@ -171,6 +196,8 @@ pub enum Method {
     CancelRuns,
     RerunRun,
     RerunRuns,
+    SetMentions,
+    ListMentions,
 }
 
 impl Method {
@@ -195,6 +222,8 @@ impl Method {
         Method::CancelRuns,
         Method::RerunRun,
         Method::RerunRuns,
+        Method::SetMentions,
+        Method::ListMentions,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -219,6 +248,8 @@ impl Method {
             Method::CancelRuns => "cancelruns",
             Method::RerunRun => "rerunrun",
             Method::RerunRuns => "rerunruns",
+            Method::SetMentions => "setmentions",
+            Method::ListMentions => "listmentions",
         }
     }
 
@@ -244,6 +275,8 @@ impl Method {
                 | Method::CancelRuns
                 | Method::RerunRun
                 | Method::RerunRuns
+                | Method::SetMentions
+                | Method::ListMentions
         )
     }
 }
@@ -296,6 +329,10 @@ pub enum Call {
     RerunRun(String, RerunOptions),
     /// Each run, as `rerunrun` would.
     RerunRuns(Vec<String>, RerunOptions),
+    /// Turn an agent's mentions on or off, here or in one channel.
+    SetMentions(MentionScope, bool),
+    /// The agents that take mentions (an owner's own agents only).
+    ListMentions,
 }
 
 impl Call {
@@ -327,6 +364,8 @@ impl Call {
             Method::CancelRuns => Call::CancelRuns(ids(p, "run ids")?),
             Method::RerunRun => Call::RerunRun(id(p, "run id")?, rerun_options(p)?),
             Method::RerunRuns => Call::RerunRuns(ids(p, "run ids")?, rerun_options(p)?),
+            Method::SetMentions => set_mentions(p)?,
+            Method::ListMentions => Call::ListMentions,
         })
     }
 
@@ -356,16 +395,49 @@ impl Call {
             Call::CancelRuns(_) => Method::CancelRuns,
             Call::RerunRun(..) => Method::RerunRun,
             Call::RerunRuns(..) => Method::RerunRuns,
+            Call::SetMentions(..) => Method::SetMentions,
+            Call::ListMentions => Method::ListMentions,
         }
     }
 }
 
+/// `[<agent, 64 hex>, <on: bool>, <channel>?]`: every channel of the
+/// community when the channel is absent or `null`.
+fn set_mentions(p: &[Value]) -> Result<Call, String> {
+    let agent = hex32(p, 0, "agent pubkey")?;
+    let on = p
+        .get(1)
+        .and_then(Value::as_bool)
+        .ok_or("invalid: params[1] must be true (mentions on) or false (off)")?;
+    let channel = match p.get(2) {
+        None | Some(Value::Null) => None,
+        Some(_) => {
+            let c = text(p, 2, "channel", crate::nip29::MAX_CHANNEL_ID_BYTES)?;
+            if c.is_empty() {
+                return Err("invalid: channel must not be empty (null: every channel)".into());
+            }
+            Some(c)
+        }
+    };
+    Ok(Call::SetMentions(MentionScope { agent, channel }, on))
+}
+
 /// `[<64 hex>, <reason>?]`.
 fn add(list: List, p: &[Value], what: &str) -> Result<Call, String> {
+    let value = hex32(p, 0, what)?;
+    let reason = match p.get(1) {
+        None | Some(Value::Null) => String::new(),
+        Some(_) => text(p, 1, "reason", MAX_REASON_BYTES)?,
+    };
+    Ok(Call::Add { list, value, reason })
+}
+
+/// `params[at]`: 32 bytes as 64 lowercase hex characters.
+fn hex32(p: &[Value], at: usize, what: &str) -> Result<[u8; 32], String> {
     let hex_value = p
-        .first()
+        .get(at)
         .and_then(Value::as_str)
-        .ok_or_else(|| format!("invalid: params[0] must be the {what} (64 hex characters)"))?;
+        .ok_or_else(|| format!("invalid: params[{at}] must be the {what} (64 hex characters)"))?;
     let mut value = [0u8; 32];
     let lower = hex_value
         .bytes()
@@ -373,11 +445,7 @@ fn add(list: List, p: &[Value], what: &str) -> Result<Call, String> {
     if hex_value.len() != 64 || !lower || hex::decode_to_slice(hex_value, &mut value).is_err() {
         return Err(format!("invalid: {what} must be 64 lowercase hex characters"));
     }
-    let reason = match p.get(1) {
-        None | Some(Value::Null) => String::new(),
-        Some(_) => text(p, 1, "reason", MAX_REASON_BYTES)?,
-    };
-    Ok(Call::Add { list, value, reason })
+    Ok(value)
 }
 
 /// A string parameter of at most `max` bytes, without U+0000.
@@ -533,6 +601,36 @@ mod tests {
         );
         assert!(Call::parse(&req("rerunrun", json!(["r1", {"definition": "newest"}]))).is_err());
         assert!(Call::parse(&req("rerunrun", json!(["r1", {"from": "s"}]))).is_err());
+        let agent = "b".repeat(64);
+        assert_eq!(
+            Call::parse(&req("setmentions", json!([agent, true, "ops"]))),
+            Ok(Call::SetMentions(
+                MentionScope {
+                    agent: [0xbb; 32],
+                    channel: Some("ops".into())
+                },
+                true
+            ))
+        );
+        assert_eq!(
+            Call::parse(&req("setmentions", json!([agent, false, null]))),
+            Ok(Call::SetMentions(
+                MentionScope {
+                    agent: [0xbb; 32],
+                    channel: None
+                },
+                false
+            ))
+        );
+        for bad in [
+            json!([agent]),
+            json!([agent, "on"]),
+            json!([agent, true, ""]),
+            json!([agent, true, "x".repeat(129)]),
+            json!(["B".repeat(64), true]),
+        ] {
+            assert!(Call::parse(&req("setmentions", bad.clone())).is_err(), "{bad}");
+        }
         assert!(Call::parse(&req("dropdatabase", json!([])))
             .unwrap_err()
             .contains("unknown method"));
@@ -556,6 +654,7 @@ mod tests {
                 | Method::RerunRuns => {
                     json!([["abc"]])
                 }
+                Method::SetMentions => json!(["b".repeat(64), true]),
                 _ => json!([]),
             };
             assert_eq!(Call::parse(&req(m.as_str(), params)).unwrap().method(), *m);

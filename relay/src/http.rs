@@ -252,10 +252,15 @@ pub fn limited(state: &AppState, tenant: &Tenant, caller: &nostr::prelude::Publi
 pub fn status_of(r: &Refusal) -> StatusCode {
     use Refusal as R;
     match r {
-        R::NoDelivery | R::UnknownWorkflow | R::UnknownRun => StatusCode::NOT_FOUND,
-        R::NotTarget | R::AgentNotMember | R::NotOwner | R::OwnerLeft | R::OwnerNotMember => {
-            StatusCode::FORBIDDEN
+        R::NoDelivery | R::UnknownWorkflow | R::UnknownRun | R::UnknownAgent | R::UnknownChannel => {
+            StatusCode::NOT_FOUND
         }
+        R::NotTarget
+        | R::AgentNotMember
+        | R::NotOwner
+        | R::NotAgentOwner
+        | R::OwnerLeft
+        | R::OwnerNotMember => StatusCode::FORBIDDEN,
         R::Cancelled => StatusCode::GONE,
         R::StaleToken
         | R::NotClaimed(_)

@@ -136,6 +136,24 @@ async fn apply(state: &AppState, auth: &Authed, actor: Actor<'_>, call: Call) ->
             admin_or_owner(state, id, actor).await?;
             bulk(state, ids, |r| rerun_run(state, auth, actor, r, o.definition)).await
         }
+        Call::SetMentions(scope, on) => {
+            admin_or_owner(state, id, actor).await?;
+            let (setting, notice) = state
+                .store
+                .set_mentions(id, keys, actor, &scope, on)
+                .await
+                .map_err(failed)?;
+            if let Some(n) = notice {
+                announce(state, id, n);
+            }
+            Ok(json!(setting))
+        }
+        Call::ListMentions => {
+            admin_or_owner(state, id, actor).await?;
+            let owner = (!actor.admin).then_some(actor.pubkey);
+            let rows = state.store.list_mentions(id, owner).await;
+            Ok(json!(rows.map_err(|e| failed(e.into()))?))
+        }
     }
 }
 
@@ -211,20 +229,26 @@ fn announce(state: &AppState, community: &str, (event, raw): Notice) {
 }
 
 /// Refuses a caller that is neither an admin nor the owner of a workflow
-/// here (the calls on one run, delivery or workflow check its owner).
+/// or a managed agent here (the calls on one run, delivery, workflow or
+/// agent check its owner).
 async fn admin_or_owner(
     state: &AppState,
     community: &str,
     actor: Actor<'_>,
 ) -> Result<(), (StatusCode, String)> {
+    let store = &state.store;
     let owner = actor.admin
-        || state
-            .store
+        || store
             .owns_workflow(community, actor.pubkey)
+            .await
+            .map_err(|e| failed(e.into()))?
+        || store
+            .owns_agent(community, actor.pubkey)
             .await
             .map_err(|e| failed(e.into()))?;
     if !owner {
-        let why = "restricted: only this community's admins and workflow owners manage it";
+        let why =
+            "restricted: only this community's admins and the owners of its workflows and agents manage it";
         return Err((StatusCode::FORBIDDEN, why.into()));
     }
     Ok(())

@@ -65,6 +65,12 @@ pub enum Refusal {
     DefinitionChanged(String),
     #[error("the definition revision the run ran with is no longer stored")]
     DefinitionMissing,
+    #[error("no managed agent with that pubkey is registered here")]
+    UnknownAgent,
+    #[error("only the agent's owner (or an admin) may do this")]
+    NotAgentOwner,
+    #[error("no channel with that id here")]
+    UnknownChannel,
 }
 
 impl Refusal {
@@ -98,6 +104,9 @@ impl Refusal {
             Refusal::NotRerunnable(_) => "not_rerunnable",
             Refusal::DefinitionChanged(_) => "definition_changed",
             Refusal::DefinitionMissing => "definition_missing",
+            Refusal::UnknownAgent => "unknown_agent",
+            Refusal::NotAgentOwner => "not_owner",
+            Refusal::UnknownChannel => "unknown_channel",
         }
     }
 }

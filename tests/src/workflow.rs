@@ -336,3 +336,22 @@ pub async fn try_rpc(relay: &Relay, keys: &Keys, method: &str, params: Value) ->
     let u = format!("http://{}/", relay.addr);
     try_rpc_as(relay, keys, &u, method, params).await
 }
+
+/// Runs `relayctl` as `keys` against `relay`; its standard output (the
+/// command must succeed).
+pub fn relayctl(relay: &Relay, keys: &Keys, args: &[&str]) -> String {
+    let out = std::process::Command::new(crate::workspace_bin("relayctl"))
+        .args(args)
+        .env("RELAYCTL_URL", relay.http_url())
+        .env("RELAYCTL_KEY", keys.secret_key().to_secret_hex())
+        .env_remove("RELAYCTL_KEY_FILE")
+        .output()
+        .expect("run relayctl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "relayctl {args:?}: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}

@@ -58,7 +58,7 @@ async fn nip86_lists_and_names_by_admin_owner_and_stranger(backend: Backend) {
 
     // supportedmethods: all for the admin, the owner's share for an owner.
     let all = ok(rpc(&relay, &admin, "supportedmethods", json!([])).await);
-    assert_eq!(all.as_array().unwrap().len(), 20, "{all}");
+    assert_eq!(all.as_array().unwrap().len(), 22, "{all}");
     let owners = ok(rpc(&relay, &owner, "supportedmethods", json!([])).await);
     let owners: Vec<&str> = owners
         .as_array()

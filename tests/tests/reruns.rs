@@ -6,13 +6,13 @@
 //! when it keeps the steps before; a hundred runs failed with one error
 //! code are rerun in bulk by a filter, and the others are left alone.
 
-use std::process::Command;
-
 use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, Tag, Timestamp};
 use serde_json::{json, Value};
 use tests::hooks::{Answer, HookServer};
-use tests::workflow::{api, get_run, ok, refused, relay_messages, rpc, run_until, start_run, Fixture};
-use tests::{backend_tests, workspace_bin, Backend, Relay, RelayOptions};
+use tests::workflow::{
+    api, get_run, ok, refused, relay_messages, relayctl, rpc, run_until, start_run, Fixture,
+};
+use tests::{backend_tests, Backend, Relay, RelayOptions};
 
 backend_tests!(
     a_failed_call_is_rerun_from_its_step_once,
@@ -239,23 +239,6 @@ async fn settled(relay: &Relay, owner: &Keys, want: usize) -> Vec<Value> {
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
     }
     panic!("{last} of {want} runs ended within 60 s");
-}
-
-fn relayctl(relay: &Relay, owner: &Keys, args: &[&str]) -> String {
-    let out = Command::new(workspace_bin("relayctl"))
-        .args(args)
-        .env("RELAYCTL_URL", relay.http_url())
-        .env("RELAYCTL_KEY", owner.secret_key().to_secret_hex())
-        .env_remove("RELAYCTL_KEY_FILE")
-        .output()
-        .expect("run relayctl");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "relayctl {args:?}: {text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
 }
 
 async fn runs_failed_with_one_code_are_rerun_in_bulk_by_a_filter(backend: Backend) {

@@ -270,14 +270,11 @@ async fn runs_written_before_reruns_survive_the_migration(backend: Backend) {
 /// A new migration must come with its own here (the test checks the
 /// version is the store's latest).
 fn back_before_latest(backend: &Backend) -> (String, u32) {
-    let down = "DROP INDEX deliveries_in_flight;\nDROP INDEX deliveries_due;\n\
-        ALTER TABLE workflow_agent_deliveries DROP COLUMN priority;\n\
-        ALTER TABLE workflow_agent_deliveries DROP COLUMN concurrency;\n\
-        CREATE INDEX deliveries_due ON workflow_agent_deliveries (community_id, target_pubkey, next_attempt_at) \
-        WHERE status = 'pending';\n";
+    let down = "DROP TABLE agent_mentions;\n\
+        ALTER TABLE workflow_agent_deliveries DROP COLUMN source;\n";
     let version = match backend {
-        Backend::Sqlite => 19,
-        Backend::Postgres(_) => 18,
+        Backend::Sqlite => 20,
+        Backend::Postgres(_) => 19,
     };
     let sql = format!("{down}DELETE FROM _sqlx_migrations WHERE version = {version};");
     match backend {
@@ -474,8 +471,10 @@ async fn every_table_survives_the_latest_migration(backend: Backend) {
     // The new columns: the defaults a row made before them takes.
     let added = relay
         .store
-        .sql("SELECT DISTINCT priority || '/' || coalesce(concurrency, -1) FROM workflow_agent_deliveries");
-    assert_eq!(added, "0/-1");
+        .sql("SELECT DISTINCT source FROM workflow_agent_deliveries");
+    assert_eq!(added, "workflow", "a row made before mentions is a workflow's");
+    let mentions = relay.store.sql("SELECT count(*) FROM agent_mentions");
+    assert_eq!(mentions, "0");
     if matches!(backend, Backend::Sqlite) {
         assert_eq!(relay.store.sql("PRAGMA integrity_check"), "ok");
     }

@@ -7,7 +7,7 @@
 
 use nostr::prelude::{Event, Keys, PublicKey};
 
-use crate::config::ChannelPolicy;
+use crate::config::{ChannelPolicy, DeliveryConfig};
 use crate::events::InsertOutcome;
 use crate::persistence::db::{Tx, Q};
 use crate::persistence::StoreError;
@@ -133,6 +133,7 @@ pub async fn apply(
     policy: &ChannelPolicy,
     event: &Event,
     raw: &str,
+    deliveries: &DeliveryConfig,
 ) -> Result<(InsertOutcome, Published), StoreError> {
     let channel = match channel_id_of(event) {
         Ok(c) => c.to_string(),
@@ -186,6 +187,10 @@ pub async fn apply(
         published.extend(
             crate::workflow::definitions::pause_for_departed(tx, community, keys, &channel, pk, now).await?,
         );
+    }
+    if kind == protocol::workflow::MESSAGE_KIND {
+        published
+            .extend(super::mentions::on_message(tx, community, keys, event, &channel, deliveries).await?);
     }
     Ok((InsertOutcome::Stored, published))
 }

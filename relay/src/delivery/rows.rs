@@ -3,7 +3,7 @@
 //! the listings and the detail view with attempts and operations.
 
 use nostr::prelude::PublicKey;
-use protocol::api::{ClaimedDelivery, DeliveryStatus as Status, DeliveryView, Outcome};
+use protocol::api::{ClaimedDelivery, DeliverySource, DeliveryStatus as Status, DeliveryView, Outcome};
 use protocol::workflow::OutputSchema;
 use serde_json::Value;
 
@@ -19,7 +19,7 @@ pub(crate) const COLS: &str =
     message_event_id, status, attempt, max_attempts, claim_token, claim_expires_at, records_operations, \
     next_attempt_at, expires_at, trigger_context, execution_trace, failure_code, failure_message, \
     reply_event_id, finished_token, finished_outcome, finished_status, created_at, updated_at, awaited, \
-    output_schema, revision, output_errors, priority, concurrency";
+    output_schema, revision, output_errors, priority, concurrency, source";
 
 /// A delivery row.
 #[derive(Debug, Clone)]
@@ -62,6 +62,8 @@ pub struct Delivery {
     pub priority: i64,
     /// Its workflow's cap on claimed rows (`concurrency`), if any.
     pub concurrency: Option<i64>,
+    /// What made it: a workflow's step or a mention.
+    pub source: DeliverySource,
 }
 
 pub(crate) fn delivery(r: &Row) -> Result<Delivery, StoreError> {
@@ -104,6 +106,7 @@ pub(crate) fn delivery(r: &Row) -> Result<Delivery, StoreError> {
         output_errors: r.opt_text("output_errors")?,
         priority: r.int("priority")?,
         concurrency: r.opt_int("concurrency")?,
+        source: named(&r.text("source")?, DeliverySource::parse)?,
     })
 }
 
@@ -168,6 +171,7 @@ impl Delivery {
             output: self.output(),
             revision: u32::try_from(self.revision).unwrap_or(u32::MAX),
             traceparent: Some(self.span(community).header()),
+            source: self.source,
         })
     }
 
@@ -175,6 +179,7 @@ impl Delivery {
     pub fn list_view(&self) -> DeliveryView {
         DeliveryView {
             id: self.id.clone(),
+            source: self.source,
             workflow_id: self.workflow_id.clone(),
             run_id: self.run_id.clone(),
             step_id: self.step_id.clone(),
@@ -371,6 +376,7 @@ mod tests {
         match col {
             "target_pubkey" | "definition_event_id" | "message_event_id" => Val::Blob(vec![7; 32]),
             "status" => Val::Text("claimed".into()),
+            "source" => Val::Text("mention".into()),
             "attempt" | "max_attempts" | "next_attempt_at" | "expires_at" | "created_at" | "updated_at"
             | "claim_expires_at" | "revision" | "priority" | "concurrency" => Val::Int(col.len() as i64),
             "records_operations" | "awaited" => Val::Bool(true),

@@ -17,6 +17,7 @@ pub use crate::store::group::HttpAuthUse;
 
 use crate::admin::manage;
 use crate::admin::overview;
+use crate::channels::mentions;
 use crate::config::DeliveryConfig;
 use crate::persistence::StoreError;
 use crate::store::sqlstore::Store;
@@ -435,6 +436,40 @@ impl Store {
         let all: Vec<&manage::Notice> = notice.iter().collect();
         self.commit_noticed(tx, community, &all).await?;
         Ok(notice)
+    }
+
+    /// `setmentions`: the setting, and its notice when it changed.
+    pub async fn set_mentions(
+        &self,
+        community: &str,
+        keys: &Keys,
+        actor: manage::Actor<'_>,
+        scope: &protocol::nip86::MentionScope,
+        on: bool,
+    ) -> Answer<(protocol::nip86::MentionSetting, Option<manage::Notice>)> {
+        let mut tx = self.pool.begin().await?;
+        let who = (actor.pubkey, actor.admin);
+        let (setting, notice) = mentions::set(&mut tx, community, keys, who, scope, on).await?;
+        let all: Vec<&manage::Notice> = notice.iter().collect();
+        self.commit_noticed(tx, community, &all).await?;
+        Ok((setting, notice))
+    }
+
+    /// `listmentions`: every agent's for an admin (`owner` `None`), else
+    /// `owner`'s agents'.
+    pub async fn list_mentions(
+        &self,
+        community: &str,
+        owner: Option<&PublicKey>,
+    ) -> Result<Vec<protocol::nip86::MentionSetting>, StoreError> {
+        let mut tx = self.pool.read().await?;
+        mentions::list(&mut tx, community, owner).await
+    }
+
+    /// Whether `owner` owns a managed agent here.
+    pub async fn owns_agent(&self, community: &str, owner: &PublicKey) -> Result<bool, StoreError> {
+        let mut tx = self.pool.read().await?;
+        mentions::owns_any(&mut tx, community, owner).await
     }
 
     /// Whether `owner` owns a workflow here.

@@ -248,7 +248,7 @@ impl WriteCall for ChannelEvent {
         out
     }
 
-    fn run<'a>(&'a self, tx: &'a mut Tx<'_>, _cfg: &'a DeliveryConfig) -> BoxFuture<'a, Answer<Self::Reply>> {
+    fn run<'a>(&'a self, tx: &'a mut Tx<'_>, cfg: &'a DeliveryConfig) -> BoxFuture<'a, Answer<Self::Reply>> {
         Box::pin(async move {
             let applied = channels::apply(
                 tx,
@@ -257,6 +257,7 @@ impl WriteCall for ChannelEvent {
                 &self.policy,
                 &self.event,
                 &self.raw,
+                cfg,
             );
             Ok(applied.await?)
         })

@@ -293,7 +293,8 @@ async fn insert_deliveries(
 ) -> Result<Vec<NewDelivery>, StoreError> {
     let mut made = Vec::new();
     for chunk in recipients_of(message).chunks(MAX_ROWS_PER_INSERT) {
-        let eligible = eligible_agents(tx, community, &b.run.channel, chunk).await?;
+        let targets = chunk.iter().map(|t| t.to_bytes());
+        let eligible = eligible_agents(tx, community, &b.run.channel, targets, false).await?;
         let rows: Vec<(&PublicKey, String)> = chunk
             .iter()
             .filter(|t| eligible.contains(&t.to_bytes()))
@@ -320,12 +321,15 @@ async fn insert_deliveries(
     Ok(made)
 }
 
-/// Of `candidates`, the registered agents that are members of `channel`.
-async fn eligible_agents(
+/// Of `candidates`, the registered agents that are members of `channel`
+/// (with `taking_mentions`, only those whose owner turned mentions on
+/// there or in every channel: `channels::mentions`).
+pub(crate) async fn eligible_agents(
     tx: &mut Tx<'_>,
     community: &str,
     channel: &str,
-    candidates: &[PublicKey],
+    candidates: impl IntoIterator<Item = [u8; 32]>,
+    taking_mentions: bool,
 ) -> Result<Vec<[u8; 32]>, StoreError> {
     let d = tx.dialect();
     let mut q = Q::new(
@@ -336,7 +340,13 @@ async fn eligible_agents(
     q.sql.push_str(" AND m.channel_id = ");
     q = q.arg(d, channel);
     q.sql.push_str(" AND a.pubkey IN ");
-    q = q.in_list(d, candidates.iter().map(|t| t.to_bytes()));
+    q = q.in_list(d, candidates);
+    if taking_mentions {
+        q.sql.push_str(
+            " AND EXISTS (SELECT 1 FROM agent_mentions o WHERE o.community_id = a.community_id \
+             AND o.agent_pubkey = a.pubkey AND o.channel IN ('', m.channel_id))",
+        );
+    }
     tx.all(q).await?.iter().map(|r| r.id32(0)).collect()
 }
 

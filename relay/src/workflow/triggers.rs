@@ -218,7 +218,11 @@ async fn triggered_by(
 }
 
 /// Whether `pubkey` is a registered managed agent.
-async fn is_agent(tx: &mut Tx<'_>, community: &str, pubkey: &PublicKey) -> Result<bool, StoreError> {
+pub(crate) async fn is_agent(
+    tx: &mut Tx<'_>,
+    community: &str,
+    pubkey: &PublicKey,
+) -> Result<bool, StoreError> {
     tx.exists(
         Q::new("SELECT 1 FROM agents WHERE community_id = $1 AND pubkey = $2")
             .bind(community)

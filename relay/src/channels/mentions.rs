@@ -1,0 +1,320 @@
+//! Mentions as durable work (docs/protocol.md, "Mentions"): where an
+//! agent's owner turned its mentions on (the whole community or one
+//! channel), and the delivery row a kind 9 that p-tags such an agent makes
+//! in the transaction that stores the message, with its wake to send once
+//! that commits.
+//!
+//! A mention's row has no workflow (`source` `mention`): its `run_id` and
+//! `definition_event_id` are the message's id (the request key: the
+//! unique key on run, step and target makes a message stored again create
+//! nothing), its `step_id` is `mention`.
+
+use nostr::prelude::{Event, EventBuilder, Keys, Kind, PublicKey, Tag, Timestamp};
+use protocol::api::{DeliverySource, DeliveryStatus, MENTION_STEP};
+use protocol::nip86::{MentionScope, MentionSetting, MAX_LIST_MENTIONS};
+use serde_json::json;
+
+use super::state::Published;
+use crate::config::DeliveryConfig;
+use crate::events::notices;
+use crate::events::rules::created_at_of;
+use crate::persistence::db::{Tx, Q};
+use crate::persistence::StoreError;
+use crate::refusal::{Answer, Refusal};
+use crate::workflow::definitions::{is_member, new_id};
+use crate::workflow::message::eligible_agents;
+use crate::workflow::triggers::is_agent;
+
+/// Most agents one message may mention into work: the first this many
+/// distinct `p` tags are looked at, the rest make nothing.
+pub const MAX_MENTIONED_AGENTS: usize = 16;
+
+/// A kind 9 stored in `channel`: one pending delivery per agent it
+/// p-tags that takes mentions there, is a member, and is not its author.
+/// Nothing for a message by the relay or by a managed agent (no chains of
+/// agents: an agent's message never makes work for another), nor from an
+/// author who is not a member. Returns the wakes to announce after commit.
+pub async fn on_message(
+    tx: &mut Tx<'_>,
+    community: &str,
+    keys: &Keys,
+    event: &Event,
+    channel: &str,
+    cfg: &DeliveryConfig,
+) -> Result<Published, StoreError> {
+    let mentioned = mentioned(event);
+    if mentioned.is_empty() || event.pubkey == keys.public_key() {
+        return Ok(Vec::new());
+    }
+    let targets = eligible_agents(tx, community, channel, mentioned, true).await?;
+    if targets.is_empty()
+        || is_agent(tx, community, &event.pubkey).await?
+        || !is_member(tx, community, channel, &event.pubkey.to_bytes()).await?
+    {
+        return Ok(Vec::new());
+    }
+    let now = tx.now().await?;
+    let rows: Vec<([u8; 32], String)> = targets.into_iter().map(|t| (t, new_id())).collect();
+    let made = insert_rows(tx, community, event, channel, &rows, cfg, now).await?;
+    let message = event.id.to_hex();
+    let mut wakes = Vec::with_capacity(made.len());
+    for (target, id) in rows.iter().filter(|(t, _)| made.contains(t)) {
+        let Ok(target) = PublicKey::from_slice(target) else {
+            continue;
+        };
+        wakes.push(wake(keys, &target, channel, id, &message, now));
+    }
+    Ok(wakes)
+}
+
+/// The message's distinct `p` values that are pubkeys, at most
+/// [`MAX_MENTIONED_AGENTS`], the author's own excepted.
+fn mentioned(event: &Event) -> Vec<[u8; 32]> {
+    let mut out: Vec<[u8; 32]> = Vec::new();
+    for p in protocol::workflow::tag_values(event, "p") {
+        let Ok(pk) = PublicKey::from_hex(p) else {
+            continue;
+        };
+        if pk != event.pubkey && !out.contains(&pk.to_bytes()) {
+            out.push(pk.to_bytes());
+            if out.len() == MAX_MENTIONED_AGENTS {
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// Inserts one pending mention row per (target, new id); returns the
+/// targets whose row is new (a message stored again makes none).
+async fn insert_rows(
+    tx: &mut Tx<'_>,
+    community: &str,
+    event: &Event,
+    channel: &str,
+    rows: &[([u8; 32], String)],
+    cfg: &DeliveryConfig,
+    now: i64,
+) -> Result<Vec<[u8; 32]>, StoreError> {
+    const COLS: usize = 20;
+    let mut q = Q::new(
+        "INSERT INTO workflow_agent_deliveries (community_id, id, workflow_id, run_id, step_id, \
+         target_pubkey, channel, definition_event_id, message_event_id, message_created_at, status, \
+         attempt, max_attempts, next_attempt_at, expires_at, trigger_context, execution_trace, \
+         created_at, updated_at, source) VALUES ",
+    );
+    let expires = now.saturating_add(i64::try_from(cfg.lifetime_secs).unwrap_or(i64::MAX));
+    let id = event.id.to_hex();
+    let context = json!({
+        "text": event.content,
+        "author": event.pubkey.to_hex(),
+        "event_id": id,
+        "channel": channel,
+        "cause": {"type": "event", "id": id},
+    })
+    .to_string();
+    let d = tx.dialect();
+    for (k, (target, row_id)) in rows.iter().enumerate() {
+        d.push_values_row(&mut q.sql, k, COLS);
+        q = q
+            .bind(community)
+            .bind(row_id.as_str())
+            .bind("")
+            .bind(id.as_str())
+            .bind(MENTION_STEP)
+            .bind(*target)
+            .bind(channel)
+            .bind(event.id.to_bytes())
+            .bind(event.id.to_bytes())
+            .bind(created_at_of(event))
+            .bind(DeliveryStatus::Pending.as_str())
+            .bind(0_i64)
+            .bind(i64::from(cfg.max_attempts))
+            .bind(now)
+            .bind(expires)
+            .bind(context.as_str())
+            .bind("[]")
+            .bind(now)
+            .bind(now)
+            .bind(DeliverySource::Mention.as_str());
+    }
+    debug_assert_eq!(q.binds.len(), rows.len() * COLS);
+    q.sql.push_str(
+        " ON CONFLICT (community_id, run_id, step_id, target_pubkey) DO NOTHING RETURNING target_pubkey",
+    );
+    tx.all(q).await?.iter().map(|r| r.id32(0)).collect()
+}
+
+/// The wake hint of a new mention row (docs/protocol.md, "Wake hints").
+fn wake(
+    keys: &Keys,
+    target: &PublicKey,
+    channel: &str,
+    id: &str,
+    message: &str,
+    now: i64,
+) -> (Event, String) {
+    let tags = protocol::workflow::wake_tags(target, channel, id, message, message, MENTION_STEP, message);
+    let ev = protocol::sign::sign(
+        EventBuilder::new(Kind::from_u16(protocol::kinds::WAKE_HINT), "")
+            .tags(tags)
+            .custom_created_at(Timestamp::from_secs(u64::try_from(now).unwrap_or(0))),
+        keys,
+    );
+    let raw = serde_json::to_string(&ev).expect("an event serialises");
+    (ev, raw)
+}
+
+/// `setmentions`: turns `scope`'s agent's mentions on or off there, for
+/// its owner (or an admin); returns the setting and the notice (`None`
+/// when nothing changed). The notice is a kind 9 in the channel, or a
+/// label for the whole community.
+pub async fn set(
+    tx: &mut Tx<'_>,
+    community: &str,
+    keys: &Keys,
+    actor: (&PublicKey, bool),
+    scope: &MentionScope,
+    on: bool,
+) -> Answer<(MentionSetting, Option<(Event, String)>)> {
+    let owner = owner_of(tx, community, &scope.agent)
+        .await?
+        .ok_or(Refusal::UnknownAgent)?;
+    let (by, admin) = actor;
+    if !admin && owner != by.to_bytes() {
+        return Err(Refusal::NotAgentOwner.into());
+    }
+    let channel = scope.channel.as_deref().unwrap_or("");
+    if !channel.is_empty() && !live_channel(tx, community, channel).await? {
+        return Err(Refusal::UnknownChannel.into());
+    }
+    let now = tx.now().await?;
+    let changed = if on {
+        let q = Q::new(
+            "INSERT INTO agent_mentions (community_id, agent_pubkey, channel, by_pubkey, created_at) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (community_id, agent_pubkey, channel) DO NOTHING",
+        );
+        tx.exec(
+            q.bind(community)
+                .bind(scope.agent)
+                .bind(channel)
+                .bind(by.to_bytes())
+                .bind(now),
+        )
+        .await?
+    } else {
+        let q = Q::new(
+            "DELETE FROM agent_mentions WHERE community_id = $1 AND agent_pubkey = $2 AND channel = $3",
+        );
+        tx.exec(q.bind(community).bind(scope.agent).bind(channel)).await?
+    };
+    let setting = MentionSetting {
+        agent: hex::encode(scope.agent),
+        channel: scope.channel.clone(),
+        on,
+        by: Some(by.to_hex()),
+        created_at: Some(now),
+    };
+    if changed == 0 {
+        return Ok((setting, None));
+    }
+    let notice = notice(tx, community, keys, &setting, now).await?;
+    Ok((setting, Some(notice)))
+}
+
+/// The relay-signed notice of a change of mentions.
+async fn notice(
+    tx: &mut Tx<'_>,
+    community: &str,
+    keys: &Keys,
+    s: &MentionSetting,
+    now: i64,
+) -> Result<(Event, String), StoreError> {
+    let by = s.by.clone().unwrap_or_default();
+    let state = if s.on { "on" } else { "off" };
+    match &s.channel {
+        Some(channel) => {
+            let text = format!(
+                "Mentions of agent {} turned {state} in this channel by {by}",
+                s.agent
+            );
+            let tags = vec![
+                Tag::custom("nip86", ["setmentions"]),
+                Tag::custom("agent", [s.agent.as_str(), state]),
+                Tag::custom("by", [by.as_str()]),
+            ];
+            notices::post(tx, community, keys, channel, text, tags, now).await
+        }
+        None => {
+            let text = format!(
+                "Mentions of agent {} turned {state} in every channel by {by}",
+                s.agent
+            );
+            let target = Some(Tag::custom("p", [s.agent.as_str()]));
+            let actor = PublicKey::from_hex(&by).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            notices::label(tx, community, keys, "setmentions", target, &actor, text, now).await
+        }
+    }
+}
+
+/// Whether `channel` exists here and is not deleted.
+async fn live_channel(tx: &mut Tx<'_>, community: &str, channel: &str) -> Result<bool, StoreError> {
+    let q = Q::new("SELECT 1 FROM channels WHERE community_id = $1 AND id = $2 AND NOT deleted");
+    tx.exists(q.bind(community).bind(channel)).await
+}
+
+/// The agent's NIP-OA owner, if it is registered here.
+async fn owner_of(
+    tx: &mut Tx<'_>,
+    community: &str,
+    agent: &[u8; 32],
+) -> Result<Option<[u8; 32]>, StoreError> {
+    let q = Q::new("SELECT owner FROM agents WHERE community_id = $1 AND pubkey = $2");
+    let row = tx.one(q.bind(community).bind(*agent)).await?;
+    row.map(|r| r.id32(0)).transpose()
+}
+
+/// Whether `owner` owns a managed agent registered here.
+pub async fn owns_any(tx: &mut Tx<'_>, community: &str, owner: &PublicKey) -> Result<bool, StoreError> {
+    let q = Q::new("SELECT 1 FROM agents WHERE community_id = $1 AND owner = $2");
+    tx.exists(q.bind(community).bind(owner.to_bytes())).await
+}
+
+/// `listmentions`: where agents take mentions, oldest first (at most
+/// [`MAX_LIST_MENTIONS`]); `owner` narrows to its own agents.
+pub async fn list(
+    tx: &mut Tx<'_>,
+    community: &str,
+    owner: Option<&PublicKey>,
+) -> Result<Vec<MentionSetting>, StoreError> {
+    let d = tx.dialect();
+    let mut q = Q::new(
+        "SELECT o.agent_pubkey, o.channel, o.by_pubkey, o.created_at FROM agent_mentions o \
+         WHERE o.community_id = ",
+    )
+    .arg(d, community);
+    if let Some(owner) = owner {
+        q.sql.push_str(
+            " AND EXISTS (SELECT 1 FROM agents a WHERE a.community_id = o.community_id \
+             AND a.pubkey = o.agent_pubkey AND a.owner = ",
+        );
+        q = q.arg(d, owner.to_bytes());
+        q.sql.push(')');
+    }
+    q.sql.push_str(&format!(
+        " ORDER BY o.created_at, o.agent_pubkey, o.channel LIMIT {MAX_LIST_MENTIONS}"
+    ));
+    let rows = tx.all(q).await?;
+    rows.iter()
+        .map(|r| {
+            let channel = r.text("channel")?;
+            Ok(MentionSetting {
+                agent: hex::encode(r.id32("agent_pubkey")?),
+                channel: (!channel.is_empty()).then_some(channel),
+                on: true,
+                by: Some(hex::encode(r.id32("by_pubkey")?)),
+                created_at: Some(r.int("created_at")?),
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,279 @@
+//! Mentions as durable work (docs/protocol.md, "Mentions"), with real
+//! relay and agent processes on every backend: an agent's owner turns its
+//! mentions on (NIP-86 `setmentions`, `relayctl mentions`); a member's
+//! kind 9 that p-tags it then makes a delivery in the transaction that
+//! stores it, which waits for the agent and is answered once.
+
+use std::time::Duration;
+
+use nostr::prelude::{Event, Keys};
+use serde_json::{json, Value};
+use tests::agent::AgentProc;
+use tests::workflow::{deliveries, ok, refused, relayctl, rpc, Fixture};
+use tests::{backend_tests, event, Backend, Client, Relay, RelayOptions};
+
+backend_tests!(
+    a_mention_waits_for_its_agent_and_is_answered_once,
+    mentions_are_turned_on_by_the_agents_owner_or_an_admin,
+);
+
+const FAST: &str = "[deliveries]\nretry_base_secs = 1\nretry_cap_secs = 2\nsweep_interval_ms = 200\n\
+[workflows]\nrun_poll_interval_ms = 200\n";
+
+/// A relay whose community has one admin.
+fn start(backend: &Backend, admin: &Keys) -> Relay {
+    let config_toml = format!("admins = [\"{}\"]\n{FAST}", admin.public_key().to_hex());
+    Relay::start_opts(
+        backend,
+        RelayOptions {
+            config_toml,
+            ..Default::default()
+        },
+    )
+}
+
+/// A person who joined the (open) channel, connected and authenticated.
+async fn member(relay: &Relay, channel: &str) -> (Keys, Client) {
+    let keys = Keys::generate();
+    let mut c = Client::connect(&relay.ws_url()).await;
+    c.auth(&keys).await;
+    c.publish_ok(&event(&keys, 9021, "", &[&["h", channel]])).await;
+    (keys, c)
+}
+
+/// A kind 9 in `channel` by `author` p-tagging each of `agents`.
+fn mention(author: &Keys, channel: &str, text: &str, agents: &[&Keys]) -> Event {
+    let hexes: Vec<String> = agents.iter().map(|a| a.public_key().to_hex()).collect();
+    let mut tags: Vec<Vec<&str>> = vec![vec!["h", channel]];
+    tags.extend(hexes.iter().map(|h| vec!["p", h.as_str()]));
+    let tags: Vec<&[&str]> = tags.iter().map(Vec::as_slice).collect();
+    event(author, 9, text, &tags)
+}
+
+/// The delivery rows made by `message`.
+fn rows_of(relay: &Relay, message: &Event) -> Vec<Value> {
+    let id = message.id.to_hex();
+    deliveries(relay)
+        .into_iter()
+        .filter(|r| r["message_event_id"] == json!(id))
+        .collect()
+}
+
+/// Waits until `message` made `n` rows that all satisfy `pick`.
+async fn rows_until(relay: &Relay, message: &Event, n: usize, pick: impl Fn(&Value) -> bool) -> Vec<Value> {
+    for _ in 0..300 {
+        let rows = rows_of(relay, message);
+        if rows.len() == n && rows.iter().all(&pick) {
+            return rows;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "message {} did not make {n} such rows: {:?}",
+        message.id,
+        rows_of(relay, message)
+    );
+}
+
+async fn a_mention_waits_for_its_agent_and_is_answered_once(backend: Backend) {
+    let admin = Keys::generate();
+    let relay = start(&backend, &admin);
+    let fx = Fixture::new(&relay, "ops", 2).await;
+    let (agent, other) = (fx.agents[0].clone(), fx.agents[1].clone());
+    let (person, mut c) = member(&relay, "ops").await;
+
+    // Before the owner turns mentions on, a mention makes nothing; the
+    // barrier: the same message's replay after, which does.
+    let early = mention(&person, "ops", "@agent are you there?", &[&agent]);
+    c.publish_ok(&early).await;
+    let on = relayctl(
+        &relay,
+        &fx.owner,
+        &["mentions", "on", &agent.public_key().to_hex(), "--channel", "ops"],
+    );
+    assert!(on.contains("on in channel ops"), "{on}");
+
+    // The agent is offline: the mention waits. It names the other agent
+    // too, whose mentions are off; its author is not an agent.
+    let asked = mention(
+        &person,
+        "ops",
+        "@agent can you check the build?",
+        &[&agent, &other],
+    );
+    c.publish_ok(&asked).await;
+    let rows = rows_until(&relay, &asked, 1, |r| r["status"] == "pending").await;
+    let row = &rows[0];
+    assert_eq!(row["source"], "mention", "{row}");
+    assert_eq!(row["target_pubkey"], json!(agent.public_key().to_hex()));
+    assert_eq!(
+        row["run_id"],
+        json!(asked.id.to_hex()),
+        "the message id is the request key"
+    );
+    assert_eq!(row["workflow_id"], "", "{row}");
+    assert!(rows_of(&relay, &early).is_empty(), "made before mentions were on");
+
+    // Sent again, the message makes no second row (the barrier: a later
+    // mention's row exists, so the replay was written before it).
+    let (dup, _) = c.publish(&asked).await;
+    assert!(dup, "a duplicate is accepted");
+    let later = mention(&person, "ops", "@agent and the docs?", &[&agent]);
+    c.publish_ok(&later).await;
+    rows_until(&relay, &later, 1, |r| r["status"] == "pending").await;
+    assert_eq!(rows_of(&relay, &asked).len(), 1, "a replay made a second row");
+    // A managed agent's mention of another agent makes no work (no chains).
+    let by_agent = mention(&other, "ops", "@agent ping", &[&agent]);
+    let mut oc = Client::connect(&relay.ws_url()).await;
+    oc.auth(&other).await;
+    oc.publish_ok(&by_agent).await;
+
+    let mut watcher = Client::connect(&relay.ws_url()).await;
+    watcher.auth(&person).await;
+    watcher
+        .req(
+            "chan",
+            vec![json!({"kinds": [9], "#h": ["ops"], "authors": [agent.public_key().to_hex()], "limit": 0})],
+        )
+        .await
+        .events();
+    let _agent = AgentProc::start(
+        &relay,
+        &agent,
+        &fx.owner,
+        "type = \"echo\"",
+        "poll_interval_secs = 1",
+    );
+    let mut replies = Vec::new();
+    while replies.len() < 2 {
+        replies.push(watcher.next_event("chan").await);
+    }
+    for m in [&asked, &later] {
+        let r = rows_until(&relay, m, 1, |r| r["status"] == "delivered").await;
+        let reply = replies
+            .iter()
+            .find(|e| e.id.to_hex() == r[0]["reply_event_id"].as_str().unwrap_or_default())
+            .unwrap_or_else(|| panic!("the reply of {} was not seen live: {r:?}", m.id));
+        let root = reply
+            .tags
+            .iter()
+            .map(|t| t.as_slice())
+            .find(|t| t.len() >= 4 && t[0] == "e");
+        assert_eq!(
+            root.map(|t| t[1].clone()),
+            Some(m.id.to_hex()),
+            "threaded under the mention"
+        );
+        assert!(
+            reply.content.contains(&m.content),
+            "the echo answers it: {}",
+            reply.content
+        );
+    }
+    assert!(
+        rows_of(&relay, &by_agent).is_empty(),
+        "an agent's mention made work"
+    );
+    assert_eq!(
+        deliveries(&relay).len(),
+        2,
+        "one row per mention: {:?}",
+        deliveries(&relay)
+    );
+}
+
+async fn mentions_are_turned_on_by_the_agents_owner_or_an_admin(backend: Backend) {
+    let admin = Keys::generate();
+    let relay = start(&backend, &admin);
+    let fx = Fixture::new(&relay, "ops", 1).await;
+    let agent = fx.agents[0].public_key().to_hex();
+    let stranger = Keys::generate();
+
+    refused(
+        rpc(&relay, &stranger, "setmentions", json!([agent, true])).await,
+        403,
+        "restricted:",
+    );
+    // An owner of another agent is an owner, not this agent's.
+    let other = Fixture::new(&relay, "dev", 1).await;
+    refused(
+        rpc(&relay, &other.owner, "setmentions", json!([agent, true])).await,
+        403,
+        "not_owner:",
+    );
+    refused(
+        rpc(
+            &relay,
+            &fx.owner,
+            "setmentions",
+            json!([Keys::generate().public_key().to_hex(), true]),
+        )
+        .await,
+        404,
+        "unknown_agent:",
+    );
+    refused(
+        rpc(&relay, &fx.owner, "setmentions", json!([agent, true, "nowhere"])).await,
+        404,
+        "unknown_channel:",
+    );
+    refused(
+        rpc(&relay, &fx.owner, "setmentions", json!([agent, "yes"])).await,
+        400,
+        "invalid:",
+    );
+
+    // Every channel, by the owner; one channel, by an admin.
+    let set = ok(rpc(&relay, &fx.owner, "setmentions", json!([agent, true])).await);
+    assert_eq!(set["channel"], Value::Null, "{set}");
+    assert_eq!(set["on"], true);
+    ok(rpc(&relay, &admin, "setmentions", json!([agent, true, "ops"])).await);
+    let listed = ok(rpc(&relay, &fx.owner, "listmentions", json!([])).await);
+    let places: Vec<&Value> = listed.as_array().unwrap().iter().map(|m| &m["channel"]).collect();
+    assert_eq!(places, vec![&Value::Null, &json!("ops")], "{listed}");
+    // The other owner sees none of this agent's.
+    assert_eq!(
+        ok(rpc(&relay, &other.owner, "listmentions", json!([])).await),
+        json!([])
+    );
+
+    // Off: community-wide first; the channel's stays until turned off.
+    ok(rpc(&relay, &fx.owner, "setmentions", json!([agent, false])).await);
+    let listed = relayctl(&relay, &fx.owner, &["mentions", "list"]);
+    assert_eq!(listed.lines().count(), 1, "{listed}");
+    assert!(listed.contains(" ops "), "{listed}");
+    relayctl(
+        &relay,
+        &fx.owner,
+        &["mentions", "off", &agent, "--channel", "ops"],
+    );
+    assert_eq!(
+        ok(rpc(&relay, &admin, "listmentions", json!([])).await),
+        json!([])
+    );
+
+    // Each change was announced: a label for every channel, a kind 9 in the channel.
+    let mut c = Client::connect(&relay.ws_url()).await;
+    c.auth(&fx.owner).await;
+    let notices = c
+        .req(
+            "n",
+            vec![json!({"kinds": [9], "#h": ["ops"], "authors": [fx.relay_pk]})],
+        )
+        .await
+        .events();
+    let said: Vec<&str> = notices
+        .iter()
+        .filter(|e| e.tags.iter().any(|t| t.as_slice() == ["nip86", "setmentions"]))
+        .map(|e| e.content.as_str())
+        .collect();
+    assert_eq!(said.len(), 2, "{said:?}");
+    let labels = c
+        .req(
+            "l",
+            vec![json!({"kinds": [1985], "#l": ["setmentions"], "authors": [fx.relay_pk]})],
+        )
+        .await
+        .events();
+    assert_eq!(labels.len(), 2, "{labels:?}");
+}
