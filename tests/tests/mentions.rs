@@ -15,6 +15,7 @@ use tests::{backend_tests, event, Backend, Client, Relay, RelayOptions};
 backend_tests!(
     a_mention_waits_for_its_agent_and_is_answered_once,
     mentions_are_turned_on_by_the_agents_owner_or_an_admin,
+    a_deleted_mention_takes_its_work_with_it,
 );
 
 const FAST: &str = "[deliveries]\nretry_base_secs = 1\nretry_cap_secs = 2\nsweep_interval_ms = 200\n\
@@ -48,6 +49,11 @@ fn mention(author: &Keys, channel: &str, text: &str, agents: &[&Keys]) -> Event 
     tags.extend(hexes.iter().map(|h| vec!["p", h.as_str()]));
     let tags: Vec<&[&str]> = tags.iter().map(Vec::as_slice).collect();
     event(author, 9, text, &tags)
+}
+
+/// An echo agent that polls every second.
+fn echo_agent(relay: &Relay, agent: &Keys, owner: &Keys) -> AgentProc {
+    AgentProc::start(relay, agent, owner, "type = \"echo\"", "poll_interval_secs = 1")
 }
 
 /// The delivery rows made by `message`.
@@ -137,13 +143,7 @@ async fn a_mention_waits_for_its_agent_and_is_answered_once(backend: Backend) {
         )
         .await
         .events();
-    let _agent = AgentProc::start(
-        &relay,
-        &agent,
-        &fx.owner,
-        "type = \"echo\"",
-        "poll_interval_secs = 1",
-    );
+    let _agent = echo_agent(&relay, &agent, &fx.owner);
     let mut replies = Vec::new();
     while replies.len() < 2 {
         replies.push(watcher.next_event("chan").await);
@@ -276,4 +276,39 @@ async fn mentions_are_turned_on_by_the_agents_owner_or_an_admin(backend: Backend
         .await
         .events();
     assert_eq!(labels.len(), 2, "{labels:?}");
+}
+
+async fn a_deleted_mention_takes_its_work_with_it(backend: Backend) {
+    let admin = Keys::generate();
+    let relay = start(&backend, &admin);
+    let fx = Fixture::new(&relay, "ops", 1).await;
+    let agent = fx.agents[0].clone();
+    let (person, mut c) = member(&relay, "ops").await;
+    ok(rpc(
+        &relay,
+        &fx.owner,
+        "setmentions",
+        json!([agent.public_key().to_hex(), true]),
+    )
+    .await);
+
+    // Two mentions wait for the offline agent; the author deletes the
+    // first (NIP-09), and the second is answered.
+    let withdrawn = mention(&person, "ops", "@agent never mind this", &[&agent]);
+    c.publish_ok(&withdrawn).await;
+    rows_until(&relay, &withdrawn, 1, |r| r["status"] == "pending").await;
+    let id = withdrawn.id.to_hex();
+    c.publish_ok(&event(&person, 5, "", &[&["e", &id]])).await;
+    assert!(
+        rows_of(&relay, &withdrawn).is_empty(),
+        "the deletion left its row"
+    );
+    let gone = c.req("gone", vec![json!({"ids": [id]})]).await.events();
+    assert!(gone.is_empty(), "the deleted mention is still served");
+
+    let kept = mention(&person, "ops", "@agent this one stands", &[&agent]);
+    c.publish_ok(&kept).await;
+    let _agent = echo_agent(&relay, &agent, &fx.owner);
+    rows_until(&relay, &kept, 1, |r| r["status"] == "delivered").await;
+    assert_eq!(deliveries(&relay).len(), 1, "{:?}", deliveries(&relay));
 }

@@ -83,7 +83,9 @@ fn sqlite_script(path: &str, script: &str) {
 /// Runs `script` (statements one per `;` and line end) in one
 /// transaction, the triggers dropped during it and made again after:
 /// SQLite checks every trigger when a column is dropped, and the search
-/// index's triggers name FTS5 options newer than Python's SQLite.
+/// index's triggers name FTS5 options newer than Python's SQLite. A
+/// trigger the script drops (`DROP TRIGGER IF EXISTS <name>;`) is not
+/// made again.
 fn sqlite_without_triggers(path: &str, script: &str) {
     let py = "import sqlite3,sys\n\
         c=sqlite3.connect(sys.argv[1], isolation_level=None)\n\
@@ -93,7 +95,8 @@ fn sqlite_without_triggers(path: &str, script: &str) {
         for st in sys.argv[2].split(';\\n'):\n\
         \x20   st=st.strip().rstrip(';')\n\
         \x20   if st: c.execute(st)\n\
-        for _,sql in t: c.execute(sql)\n\
+        for n,sql in t:\n\
+        \x20   if 'DROP TRIGGER IF EXISTS %s;' % n not in sys.argv[2]: c.execute(sql)\n\
         c.execute('COMMIT')";
     python(py, path, script);
 }
@@ -270,11 +273,13 @@ async fn runs_written_before_reruns_survive_the_migration(backend: Backend) {
 /// A new migration must come with its own here (the test checks the
 /// version is the store's latest).
 fn back_before_latest(backend: &Backend) -> (String, u32) {
-    let down = "DROP TABLE agent_mentions;\n\
-        ALTER TABLE workflow_agent_deliveries DROP COLUMN source;\n";
-    let version = match backend {
-        Backend::Sqlite => 20,
-        Backend::Postgres(_) => 19,
+    let (down, version) = match backend {
+        Backend::Sqlite => ("DROP TRIGGER IF EXISTS events_take_their_mentions;\n", 21),
+        Backend::Postgres(_) => (
+            "DROP TRIGGER events_take_their_mentions ON events;\n\
+             DROP FUNCTION mention_message_deleted();\n",
+            20,
+        ),
     };
     let sql = format!("{down}DELETE FROM _sqlx_migrations WHERE version = {version};");
     match backend {
@@ -472,9 +477,7 @@ async fn every_table_survives_the_latest_migration(backend: Backend) {
     let added = relay
         .store
         .sql("SELECT DISTINCT source FROM workflow_agent_deliveries");
-    assert_eq!(added, "workflow", "a row made before mentions is a workflow's");
-    let mentions = relay.store.sql("SELECT count(*) FROM agent_mentions");
-    assert_eq!(mentions, "0");
+    assert_eq!(added, "workflow", "the rows are a workflow's");
     if matches!(backend, Backend::Sqlite) {
         assert_eq!(relay.store.sql("PRAGMA integrity_check"), "ok");
     }
