@@ -128,7 +128,7 @@ pub fn count_transitions(to: &'static str, code: &str, n: u64) {
 /// The code label of a delivery transition: the relay's own codes as
 /// they are, any other (an agent's free text) as `agent`.
 pub fn code_label(code: &str) -> &'static str {
-    const OWN: [&str; 15] = [
+    const OWN: [&str; 16] = [
         "lease_expired",
         "cancelled_by_operator",
         "retried_by_operator",
@@ -138,6 +138,7 @@ pub fn code_label(code: &str) -> &'static str {
         "interrupted_after_write",
         "workflow_disabled",
         "channel_deleted",
+        "member_removed",
         "step_done",
         "step_timeout",
         "owner_not_member",

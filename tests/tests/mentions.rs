@@ -16,6 +16,7 @@ backend_tests!(
     a_mention_waits_for_its_agent_and_is_answered_once,
     mentions_are_turned_on_by_the_agents_owner_or_an_admin,
     a_deleted_mention_takes_its_work_with_it,
+    removing_a_member_cancels_its_open_mentions,
 );
 
 const FAST: &str = "[deliveries]\nretry_base_secs = 1\nretry_cap_secs = 2\nsweep_interval_ms = 200\n\
@@ -311,4 +312,66 @@ async fn a_deleted_mention_takes_its_work_with_it(backend: Backend) {
     let _agent = echo_agent(&relay, &agent, &fx.owner);
     rows_until(&relay, &kept, 1, |r| r["status"] == "delivered").await;
     assert_eq!(deliveries(&relay).len(), 1, "{:?}", deliveries(&relay));
+}
+
+async fn removing_a_member_cancels_its_open_mentions(backend: Backend) {
+    let admin = Keys::generate();
+    let relay = start(&backend, &admin);
+    let mut fx = Fixture::new(&relay, "ops", 2).await;
+    let (agent, other) = (fx.agents[0].clone(), fx.agents[1].clone());
+    for a in [&agent, &other] {
+        ok(rpc(
+            &relay,
+            &fx.owner,
+            "setmentions",
+            json!([a.public_key().to_hex(), true, "ops"]),
+        )
+        .await);
+    }
+    let (alice, mut ac) = member(&relay, "ops").await;
+    let (bob, mut bc) = member(&relay, "ops").await;
+    let by_alice = mention(&alice, "ops", "@agent from alice", &[&agent]);
+    ac.publish_ok(&by_alice).await;
+    let by_bob = mention(&bob, "ops", "@agent from bob", &[&agent, &other]);
+    bc.publish_ok(&by_bob).await;
+    rows_until(&relay, &by_bob, 2, |r| r["status"] == "pending").await;
+
+    // The admin removes alice: her open mention is cancelled in the
+    // transaction of the removal (acknowledged before we look).
+    let owner_hex = alice.public_key().to_hex();
+    let remove = |who: &str| event(&fx.owner, 9001, "", &[&["h", "ops"], &["p", who]]);
+    fx.owner_client.publish_ok(&remove(&owner_hex)).await;
+    let rows = rows_of(&relay, &by_alice);
+    assert_eq!(rows[0]["status"], "cancelled", "{rows:?}");
+    assert_eq!(rows[0]["failure_code"], "member_removed", "{rows:?}");
+    // The other agent is removed: bob's row for it is cancelled, his row
+    // for the agent stays pending.
+    fx.owner_client
+        .publish_ok(&remove(&other.public_key().to_hex()))
+        .await;
+    let rows = rows_of(&relay, &by_bob);
+    let status_for = |who: &Keys| {
+        let row = rows
+            .iter()
+            .find(|r| r["target_pubkey"] == json!(who.public_key().to_hex()))
+            .expect("a row per agent");
+        row["status"].as_str().unwrap_or_default().to_string()
+    };
+    assert_eq!(
+        (status_for(&other), status_for(&agent)),
+        ("cancelled".into(), "pending".into())
+    );
+
+    // The agent answers what is left, and only that.
+    let _agent = echo_agent(&relay, &agent, &fx.owner);
+    rows_until(&relay, &by_bob, 2, |r| {
+        r["status"] == "delivered" || r["status"] == "cancelled"
+    })
+    .await;
+    let delivered: Vec<Value> = deliveries(&relay)
+        .into_iter()
+        .filter(|r| r["status"] == "delivered")
+        .collect();
+    assert_eq!(delivered.len(), 1, "{delivered:?}");
+    assert_eq!(delivered[0]["message_event_id"], json!(by_bob.id.to_hex()));
 }

@@ -21,7 +21,7 @@ use crate::events::rules::created_at_of;
 use crate::persistence::db::{Tx, Q};
 use crate::persistence::StoreError;
 use crate::refusal::{Answer, Refusal};
-use crate::workflow::definitions::{is_member, new_id};
+use crate::workflow::definitions::{is_member, new_id, ACTIVE_ROWS};
 use crate::workflow::message::eligible_agents;
 use crate::workflow::triggers::is_agent;
 
@@ -163,6 +163,35 @@ fn wake(
     );
     let raw = serde_json::to_string(&ev).expect("an event serialises");
     (ev, raw)
+}
+
+/// A member left `channel` or was removed: the open mention rows there
+/// that it wrote, or that are addressed to it (an agent), are cancelled
+/// (`member_removed`); a finish of one is answered 410.
+pub async fn cancel_for_departed(
+    tx: &mut Tx<'_>,
+    community: &str,
+    channel: &str,
+    departed: &PublicKey,
+    now: i64,
+) -> Result<(), StoreError> {
+    let q = Q::new(format!(
+        "UPDATE workflow_agent_deliveries SET status = 'cancelled', failure_code = 'member_removed', \
+         claim_token = NULL, updated_at = $4 \
+         WHERE community_id = $1 AND channel = $2 AND source = 'mention' AND {ACTIVE_ROWS} \
+         AND (target_pubkey = $3 OR EXISTS (SELECT 1 FROM events e WHERE e.community_id = $1 \
+         AND e.created_at = message_created_at AND e.id = message_event_id AND e.pubkey = $3))"
+    ));
+    let cancelled = tx
+        .exec(
+            q.bind(community)
+                .bind(channel)
+                .bind(departed.to_bytes())
+                .bind(now),
+        )
+        .await?;
+    crate::telemetry::count_transitions("cancelled", "member_removed", cancelled);
+    Ok(())
 }
 
 /// `setmentions`: turns `scope`'s agent's mentions on or off there, for

@@ -187,6 +187,7 @@ pub async fn apply(
         published.extend(
             crate::workflow::definitions::pause_for_departed(tx, community, keys, &channel, pk, now).await?,
         );
+        super::mentions::cancel_for_departed(tx, community, &channel, pk, now).await?;
     }
     if kind == protocol::workflow::MESSAGE_KIND {
         published
