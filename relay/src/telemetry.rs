@@ -23,6 +23,7 @@ pub const RUNS: &str = "relay_runs";
 pub const SCHEDULE_PASSES: &str = "relay_schedule_passes_total";
 pub const ENGINE_LAST_TICK: &str = "relay_engine_last_tick_seconds";
 pub const TRIGGER_REFUSALS: &str = "relay_trigger_refusals_total";
+pub const MENTIONS_REFUSED: &str = "relay_mentions_refused_total";
 pub const WRITE_BATCH: &str = "relay_write_batch_events";
 pub const BUILD_INFO: &str = "relay_build_info";
 
@@ -82,6 +83,10 @@ fn describe() {
     describe_counter!(
         TRIGGER_REFUSALS,
         "events that matched a workflow's trigger and started no run, by trigger and refusal code"
+    );
+    describe_counter!(
+        MENTIONS_REFUSED,
+        "mentions not passed on to an agent over one of its caps, by cap"
     );
     describe_histogram!(WRITE_BATCH, "events per group commit of the event writer");
     describe_gauge!(BUILD_INFO, "1, labelled with the relay's version");

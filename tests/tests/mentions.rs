@@ -17,14 +17,24 @@ backend_tests!(
     mentions_are_turned_on_by_the_agents_owner_or_an_admin,
     a_deleted_mention_takes_its_work_with_it,
     removing_a_member_cancels_its_open_mentions,
+    a_mention_over_a_cap_is_refused_with_a_notice,
 );
 
-const FAST: &str = "[deliveries]\nretry_base_secs = 1\nretry_cap_secs = 2\nsweep_interval_ms = 200\n\
-[workflows]\nrun_poll_interval_ms = 200\n";
+const FAST_DELIVERIES: &str =
+    "[deliveries]\nretry_base_secs = 1\nretry_cap_secs = 2\nsweep_interval_ms = 200\n";
+const FAST_WORKFLOWS: &str = "[workflows]\nrun_poll_interval_ms = 200\n";
 
 /// A relay whose community has one admin.
 fn start(backend: &Backend, admin: &Keys) -> Relay {
-    let config_toml = format!("admins = [\"{}\"]\n{FAST}", admin.public_key().to_hex());
+    start_with(backend, admin, "")
+}
+
+/// [`start`], with more `[deliveries]` settings.
+fn start_with(backend: &Backend, admin: &Keys, deliveries: &str) -> Relay {
+    let admin = admin.public_key().to_hex();
+    let config_toml = format!(
+        "metrics_listen = \"127.0.0.1:0\"\nadmins = [\"{admin}\"]\n{FAST_DELIVERIES}{deliveries}{FAST_WORKFLOWS}"
+    );
     Relay::start_opts(
         backend,
         RelayOptions {
@@ -32,6 +42,17 @@ fn start(backend: &Backend, admin: &Keys) -> Relay {
             ..Default::default()
         },
     )
+}
+
+/// Turns `agent`'s mentions on in every channel, as its owner.
+async fn mentions_on(relay: &Relay, owner: &Keys, agent: &Keys) {
+    ok(rpc(
+        relay,
+        owner,
+        "setmentions",
+        json!([agent.public_key().to_hex(), true]),
+    )
+    .await);
 }
 
 /// A person who joined the (open) channel, connected and authenticated.
@@ -285,13 +306,7 @@ async fn a_deleted_mention_takes_its_work_with_it(backend: Backend) {
     let fx = Fixture::new(&relay, "ops", 1).await;
     let agent = fx.agents[0].clone();
     let (person, mut c) = member(&relay, "ops").await;
-    ok(rpc(
-        &relay,
-        &fx.owner,
-        "setmentions",
-        json!([agent.public_key().to_hex(), true]),
-    )
-    .await);
+    mentions_on(&relay, &fx.owner, &agent).await;
 
     // Two mentions wait for the offline agent; the author deletes the
     // first (NIP-09), and the second is answered.
@@ -374,4 +389,59 @@ async fn removing_a_member_cancels_its_open_mentions(backend: Backend) {
         .collect();
     assert_eq!(delivered.len(), 1, "{delivered:?}");
     assert_eq!(delivered[0]["message_event_id"], json!(by_bob.id.to_hex()));
+}
+
+async fn a_mention_over_a_cap_is_refused_with_a_notice(backend: Backend) {
+    let admin = Keys::generate();
+    let caps = "mentions_per_hour = 2\nmentions_per_day = 2\nmentions_per_sender_per_hour = 1\n";
+    let relay = start_with(&backend, &admin, caps);
+    let fx = Fixture::new(&relay, "ops", 1).await;
+    let agent = fx.agents[0].clone();
+    mentions_on(&relay, &fx.owner, &agent).await;
+    let (alice, mut ac) = member(&relay, "ops").await;
+    let (bob, mut bc) = member(&relay, "ops").await;
+    let mut watcher = Client::connect(&relay.ws_url()).await;
+    watcher.auth(&alice).await;
+    let refusals = json!({"kinds": [9], "#h": ["ops"], "authors": [fx.relay_pk], "limit": 0});
+    watcher.req("refusals", vec![refusals]).await.events();
+
+    // Alice's second mention is over her own cap; Bob's second, over the
+    // agent's cap for the hour (two rows made: Alice's first, Bob's first).
+    let mut sent = Vec::new();
+    for (by_alice, text) in [(true, "one"), (true, "two"), (false, "three"), (false, "four")] {
+        let (who, c) = if by_alice {
+            (&alice, &mut ac)
+        } else {
+            (&bob, &mut bc)
+        };
+        let m = mention(who, "ops", &format!("@agent {text}"), &[&agent]);
+        c.publish_ok(&m).await;
+        sent.push(m);
+    }
+    let made: Vec<usize> = (0..4).filter(|&i| rows_of(&relay, &sent[i]).len() == 1).collect();
+    assert_eq!(made, vec![0, 2], "{:?}", deliveries(&relay));
+    for (i, cap) in [(1, "per_sender_per_hour"), (3, "per_hour")] {
+        let notice = watcher.next_event("refusals").await;
+        let tags: Vec<&[String]> = notice.tags.iter().map(|t| t.as_slice()).collect();
+        let m = &sent[i];
+        assert!(
+            tags.contains(&&[String::from("e"), m.id.to_hex(), String::new(), "root".into()][..]),
+            "{tags:?}"
+        );
+        assert!(
+            tags.contains(&&[String::from("p"), m.pubkey.to_hex()][..]),
+            "{tags:?}"
+        );
+        let refused = [
+            String::from("mention-refused"),
+            agent.public_key().to_hex(),
+            cap.into(),
+        ];
+        assert!(tags.contains(&&refused[..]), "{tags:?}");
+    }
+    let scrape = tests::metrics::scrape(&relay).await;
+    for cap in ["per_hour", "per_sender_per_hour"] {
+        let n = tests::metrics::value(&scrape, "relay_mentions_refused_total", &[("cap", cap)]);
+        assert_eq!(n, 1.0, "{cap}");
+    }
 }

@@ -33,7 +33,9 @@ pub const MAX_MENTIONED_AGENTS: usize = 16;
 /// p-tags that takes mentions there, is a member, and is not its author.
 /// Nothing for a message by the relay or by a managed agent (no chains of
 /// agents: an agent's message never makes work for another), nor from an
-/// author who is not a member. Returns the wakes to announce after commit.
+/// author who is not a member. An agent over one of its caps
+/// (`deliveries.mentions_*`) gets no row: the sender is told by a notice.
+/// Returns the wakes and notices to announce after commit.
 pub async fn on_message(
     tx: &mut Tx<'_>,
     community: &str,
@@ -54,17 +56,132 @@ pub async fn on_message(
         return Ok(Vec::new());
     }
     let now = tx.now().await?;
-    let rows: Vec<([u8; 32], String)> = targets.into_iter().map(|t| (t, new_id())).collect();
+    let mut published = Vec::new();
+    let mut within = Vec::with_capacity(targets.len());
+    for target in targets {
+        match cap_reached(tx, community, &target, &event.pubkey, cfg, now).await? {
+            None => within.push(target),
+            Some((cap, limit)) => {
+                metrics::counter!(crate::telemetry::MENTIONS_REFUSED, "cap" => cap.name()).increment(1);
+                published.push(refusal(tx, community, keys, event, channel, &target, cap, limit, now).await?);
+            }
+        }
+    }
+    let rows: Vec<([u8; 32], String)> = within.into_iter().map(|t| (t, new_id())).collect();
     let made = insert_rows(tx, community, event, channel, &rows, cfg, now).await?;
     let message = event.id.to_hex();
-    let mut wakes = Vec::with_capacity(made.len());
     for (target, id) in rows.iter().filter(|(t, _)| made.contains(t)) {
         let Ok(target) = PublicKey::from_slice(target) else {
             continue;
         };
-        wakes.push(wake(keys, &target, channel, id, &message, now));
+        published.push(wake(keys, &target, channel, id, &message, now));
     }
-    Ok(wakes)
+    Ok(published)
+}
+
+/// A cap on the mentions one agent takes (`deliveries.mentions_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cap {
+    Hour,
+    Day,
+    SenderHour,
+}
+
+impl Cap {
+    fn name(self) -> &'static str {
+        match self {
+            Cap::Hour => "per_hour",
+            Cap::Day => "per_day",
+            Cap::SenderHour => "per_sender_per_hour",
+        }
+    }
+
+    fn said(self) -> &'static str {
+        match self {
+            Cap::Hour => "an hour",
+            Cap::Day => "a day",
+            Cap::SenderHour => "an hour from one sender",
+        }
+    }
+}
+
+/// The first cap `target` has reached in `community` for one more
+/// mention from `sender`, with its limit; `None` when it is within all.
+/// Counts its mention rows of the last hour and day (rows of deleted
+/// mentions are gone and do not count).
+async fn cap_reached(
+    tx: &mut Tx<'_>,
+    community: &str,
+    target: &[u8; 32],
+    sender: &PublicKey,
+    cfg: &DeliveryConfig,
+    now: i64,
+) -> Result<Option<(Cap, u32)>, StoreError> {
+    let mine = "FROM workflow_agent_deliveries d WHERE d.community_id = $1 AND d.target_pubkey = $2 \
+                AND d.source = 'mention' AND d.created_at >";
+    let q = Q::new(format!(
+        "SELECT (SELECT COUNT(*) {mine} $3) AS hour, (SELECT COUNT(*) {mine} $4) AS day, \
+         (SELECT COUNT(*) {mine} $3 AND EXISTS (SELECT 1 FROM events e WHERE e.community_id = $1 \
+         AND e.created_at = d.message_created_at AND e.id = d.message_event_id AND e.pubkey = $5)) AS sender"
+    ));
+    let q = q
+        .bind(community)
+        .bind(*target)
+        .bind(now - 3_600)
+        .bind(now - 86_400)
+        .bind(sender.to_bytes());
+    let Some(row) = tx.one(q).await? else {
+        return Ok(None);
+    };
+    let reached = |n: i64, limit: u32| limit > 0 && n >= i64::from(limit);
+    Ok(if reached(row.int("hour")?, cfg.mentions_per_hour) {
+        Some((Cap::Hour, cfg.mentions_per_hour))
+    } else if reached(row.int("day")?, cfg.mentions_per_day) {
+        Some((Cap::Day, cfg.mentions_per_day))
+    } else if reached(row.int("sender")?, cfg.mentions_per_sender_per_hour) {
+        Some((Cap::SenderHour, cfg.mentions_per_sender_per_hour))
+    } else {
+        None
+    })
+}
+
+/// The relay-signed notice that a mention was not passed on to `target`
+/// (over `cap`): a kind 9 in the channel threaded under the message
+/// (NIP-10), p-tagging its sender, with `["mention-refused", <agent>,
+/// <cap>]`.
+#[allow(clippy::too_many_arguments)]
+async fn refusal(
+    tx: &mut Tx<'_>,
+    community: &str,
+    keys: &Keys,
+    event: &Event,
+    channel: &str,
+    target: &[u8; 32],
+    cap: Cap,
+    limit: u32,
+    now: i64,
+) -> Result<(Event, String), StoreError> {
+    let agent = hex::encode(target);
+    let text = format!(
+        "Agent {agent} takes at most {limit} mentions {}: this message was not passed on to it",
+        cap.said()
+    );
+    let id = event.id.to_hex();
+    let root = event
+        .tags
+        .iter()
+        .map(|t| t.as_slice())
+        .find(|t| t.len() >= 4 && t[0] == "e" && t[3] == "root");
+    let mut tags = match root {
+        Some(r) => vec![
+            Tag::custom("e", [r[1].as_str(), "", "root"]),
+            Tag::custom("e", [id.as_str(), "", "reply"]),
+        ],
+        None => vec![Tag::custom("e", [id.as_str(), "", "root"])],
+    };
+    tags.push(Tag::custom("p", [event.pubkey.to_hex()]));
+    tags.push(Tag::custom("mention-refused", [agent.as_str(), cap.name()]));
+    notices::post(tx, community, keys, channel, text, tags, now).await
 }
 
 /// The message's distinct `p` values that are pubkeys, at most
@@ -97,6 +214,9 @@ async fn insert_rows(
     now: i64,
 ) -> Result<Vec<[u8; 32]>, StoreError> {
     const COLS: usize = 20;
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
     let mut q = Q::new(
         "INSERT INTO workflow_agent_deliveries (community_id, id, workflow_id, run_id, step_id, \
          target_pubkey, channel, definition_event_id, message_event_id, message_created_at, status, \

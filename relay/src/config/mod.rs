@@ -354,6 +354,11 @@ impl Config {
         {
             return Err("deliveries: lifetime_secs must exceed max_lease_secs; retry_base_secs, sweep_batch, max_page > 0".into());
         }
+        if d.mentions_per_hour == 0 || d.mentions_per_day < d.mentions_per_hour {
+            return Err(
+                "deliveries: mentions_per_hour must be > 0, mentions_per_day >= mentions_per_hour".into(),
+            );
+        }
         if !(1..=64).contains(&self.workflows.concurrent_runs) {
             return Err("workflows.concurrent_runs must be between 1 and 64".into());
         }

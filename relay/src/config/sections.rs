@@ -106,6 +106,13 @@ pub struct DeliveryConfig {
     /// Most deliveries one agent may hold claimed at once in a community
     /// (0: no cap). A claim over it finds nothing to claim.
     pub agent_concurrency: u32,
+    /// Mentions one agent takes in a community in the last hour, and in
+    /// the last day; a mention over either is refused with a notice.
+    pub mentions_per_hour: u32,
+    pub mentions_per_day: u32,
+    /// Mentions one agent takes from one sender in the last hour (0: no
+    /// cap of its own).
+    pub mentions_per_sender_per_hour: u32,
 }
 
 impl Default for DeliveryConfig {
@@ -122,6 +129,9 @@ impl Default for DeliveryConfig {
             sweep_batch: 200,
             max_page: 100,
             agent_concurrency: 0,
+            mentions_per_hour: 120,
+            mentions_per_day: 1_000,
+            mentions_per_sender_per_hour: 0,
         }
     }
 }
