@@ -18,6 +18,7 @@ backend_tests!(
     a_deleted_mention_takes_its_work_with_it,
     removing_a_member_cancels_its_open_mentions,
     a_mention_over_a_cap_is_refused_with_a_notice,
+    a_nostr_tools_client_asks_an_agent,
 );
 
 const FAST_DELIVERIES: &str =
@@ -444,4 +445,30 @@ async fn a_mention_over_a_cap_is_refused_with_a_notice(backend: Backend) {
         let n = tests::metrics::value(&scrape, "relay_mentions_refused_total", &[("cap", cap)]);
         assert_eq!(n, 1.0, "{cap}");
     }
+}
+
+/// A person on nostr-tools (`tests/js/mention.mjs`): a mention answered
+/// by the agent, one over the sender cap answered by the relay's notice.
+async fn a_nostr_tools_client_asks_an_agent(backend: Backend) {
+    if !tests::node::available() {
+        eprintln!("SKIPPED: node and npm are not installed");
+        return;
+    }
+    let admin = Keys::generate();
+    let relay = start_with(&backend, &admin, "mentions_per_sender_per_hour = 1\n");
+    let fx = Fixture::new(&relay, "ops", 1).await;
+    let agent = fx.agents[0].clone();
+    mentions_on(&relay, &fx.owner, &agent).await;
+    let bot = echo_agent(&relay, &agent, &fx.owner);
+    bot.wait_subscribed().await;
+    let url = format!("{}/", relay.ws_url());
+    let args = [url.as_str(), "ops", &agent.public_key().to_hex(), &fx.relay_pk];
+    let out = tests::node::run("mention.mjs", &args, Duration::from_secs(120)).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("mention client: 3 of 3 checks passed"),
+        "{}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
