@@ -31,6 +31,17 @@ pub enum DeliverySource {
     Mention,
 }
 
+/// What a mention's sender is told while it waits (kind 24621): its row
+/// was made (`queued`: the agent has not taken it yet), or claimed
+/// (`working`). The answer itself is the agent's reply; a failure, the
+/// relay's notice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MentionStatus {
+    Queued,
+    Working,
+}
+
 /// A mention's row has no workflow: its `step_id` is this, and its
 /// `run_id` and `definition_event_id` are the message's id.
 pub const MENTION_STEP: &str = "mention";
@@ -134,6 +145,7 @@ names!(DeliveryStatus {
     Cancelled => "cancelled",
 });
 names!(DeliverySource { Workflow => "workflow", Mention => "mention" });
+names!(MentionStatus { Queued => "queued", Working => "working" });
 names!(Outcome { Delivered => "delivered", Retry => "retry", Failed => "failed" });
 names!(Effect { Read => "read", Write => "write" });
 names!(RunStatus {

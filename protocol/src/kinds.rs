@@ -6,6 +6,9 @@ pub const DELETION: u16 = 5;
 pub const CLIENT_AUTH: u16 = 22242;
 /// Wake hint for a managed agent (docs/protocol.md, "Wake hints"). p-gated by default.
 pub const WAKE_HINT: u16 = 24620;
+/// What became of a mention, for its sender (docs/protocol.md,
+/// "Mentions"): relay-signed, ephemeral, p-gated by default.
+pub const MENTION_STATUS: u16 = 24621;
 /// NIP-04 encrypted direct message (deprecated by NIP-17, still sent).
 /// p-gated by default: only its sender and recipient read it.
 pub const ENCRYPTED_DM: u16 = 4;
@@ -52,6 +55,7 @@ mod tests {
         assert_eq!(storage_of(19_999), Storage::Replaceable);
         assert_eq!(storage_of(20_000), Storage::Ephemeral);
         assert_eq!(storage_of(WAKE_HINT), Storage::Ephemeral);
+        assert_eq!(storage_of(MENTION_STATUS), Storage::Ephemeral);
         assert_eq!(storage_of(30_023), Storage::Addressable);
         assert_eq!(storage_of(39_999), Storage::Addressable);
         assert_eq!(storage_of(40_000), Storage::Regular);

@@ -19,6 +19,8 @@ backend_tests!(
     removing_a_member_cancels_its_open_mentions,
     a_mention_over_a_cap_is_refused_with_a_notice,
     a_nostr_tools_client_asks_an_agent,
+    a_mention_the_agent_refuses_fails_visibly_to_its_sender,
+    the_sender_sees_its_mention_queued_then_worked_on,
 );
 
 const FAST_DELIVERIES: &str =
@@ -43,6 +45,24 @@ fn start_with(backend: &Backend, admin: &Keys, deliveries: &str) -> Relay {
             ..Default::default()
         },
     )
+}
+
+/// A relay with channel `ops`, its one agent's mentions on everywhere,
+/// and a person who joined the channel (connected, authenticated).
+async fn one_agent_asked(backend: &Backend) -> (Relay, Fixture, Keys, (Keys, Client)) {
+    let relay = start(backend, &Keys::generate());
+    let fx = Fixture::new(&relay, "ops", 1).await;
+    let agent = fx.agents[0].clone();
+    mentions_on(&relay, &fx.owner, &agent).await;
+    let person = member(&relay, "ops").await;
+    (relay, fx, agent, person)
+}
+
+/// A connection authenticated as `keys`.
+async fn connected(relay: &Relay, keys: &Keys) -> Client {
+    let mut c = Client::connect(&relay.ws_url()).await;
+    c.auth(keys).await;
+    c
 }
 
 /// Turns `agent`'s mentions on in every channel, as its owner.
@@ -471,4 +491,81 @@ async fn a_nostr_tools_client_asks_an_agent(backend: Backend) {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// An agent run with `mentions = false` fails each mention
+/// `mentions_off`: the row ends `failed`, and the relay's failure notice
+/// in the channel names the mention and p-tags its sender.
+async fn a_mention_the_agent_refuses_fails_visibly_to_its_sender(backend: Backend) {
+    let (relay, fx, agent, (person, mut c)) = one_agent_asked(&backend).await;
+    let mut watcher = connected(&relay, &person).await;
+    let notices = json!({"kinds": [9], "#h": ["ops"], "#p": [person.public_key().to_hex()], "limit": 0});
+    watcher.req("notices", vec![notices]).await.events();
+    let _bot = AgentProc::start(
+        &relay,
+        &agent,
+        &fx.owner,
+        "type = \"echo\"",
+        "mentions = false\npoll_interval_secs = 1",
+    );
+    let asked = mention(&person, "ops", "@agent hello?", &[&agent]);
+    c.publish_ok(&asked).await;
+    let notice = watcher.next_event("notices").await;
+    assert_eq!(notice.pubkey.to_hex(), fx.relay_pk, "{notice:?}");
+    let tags: Vec<&[String]> = notice.tags.iter().map(|t| t.as_slice()).collect();
+    assert!(
+        tags.iter().any(|t| t[0] == "e" && t[1] == asked.id.to_hex()),
+        "{tags:?}"
+    );
+    assert!(
+        tags.iter()
+            .any(|t| t[0] == "workflow-delivery-failed"
+                && t.get(2).map(String::as_str) == Some("mentions_off")),
+        "{tags:?}"
+    );
+    assert!(
+        notice.content.contains("could not answer this mention"),
+        "{}",
+        notice.content
+    );
+    let rows = rows_of(&relay, &asked);
+    assert_eq!(
+        (rows[0]["status"].as_str(), rows[0]["failure_code"].as_str()),
+        (Some("failed"), Some("mentions_off"))
+    );
+}
+
+/// The sender's signal (kind 24621, p-gated): `queued` when the row is
+/// made (the agent is offline), `working` when the agent claims it, then
+/// the agent's reply.
+async fn the_sender_sees_its_mention_queued_then_worked_on(backend: Backend) {
+    let (relay, fx, agent, (person, mut c)) = one_agent_asked(&backend).await;
+    let mut sc = connected(&relay, &person).await;
+    let me = person.public_key().to_hex();
+    sc.req("status", vec![json!({"kinds": [24621], "#p": [me], "limit": 0})])
+        .await
+        .events();
+    let asked = mention(&person, "ops", "@agent how are we doing?", &[&agent]);
+    c.publish_ok(&asked).await;
+    let row = rows_until(&relay, &asked, 1, |r| r["status"] == "pending").await;
+    let expect = |e: &Event, status: &str| {
+        let tags: Vec<&[String]> = e.tags.iter().map(|t| t.as_slice()).collect();
+        assert_eq!(e.pubkey.to_hex(), fx.relay_pk);
+        for (name, value) in [
+            ("e", asked.id.to_hex()),
+            ("agent", agent.public_key().to_hex()),
+            ("status", status.to_string()),
+            ("delivery", row[0]["id"].as_str().unwrap_or_default().to_string()),
+            ("h", "ops".to_string()),
+        ] {
+            assert!(
+                tags.iter().any(|t| t[0] == name && t[1] == value),
+                "{name}={value}: {tags:?}"
+            );
+        }
+    };
+    expect(&sc.next_event("status").await, "queued");
+    let _agent = echo_agent(&relay, &agent, &fx.owner);
+    expect(&sc.next_event("status").await, "working");
+    rows_until(&relay, &asked, 1, |r| r["status"] == "delivered").await;
 }

@@ -15,7 +15,9 @@ pub use output::*;
 pub use shares::*;
 pub use steps::*;
 
-pub use tags::{message_tags, recipients, tag_slice, tag_values, wake_tags, Cause, MessageBinding};
+pub use tags::{
+    mention_status_tags, message_tags, recipients, tag_slice, tag_values, wake_tags, Cause, MessageBinding,
+};
 pub use validate::{check, is_hex_pubkey, parse, valid_id, validate, DefinitionError, Validated};
 
 /// Kind of a workflow definition.

@@ -100,3 +100,24 @@ pub fn wake_tags(
         Tag::custom("e", [message_event_id]),
     ]
 }
+
+/// Tags of a mention's status (kind 24621, docs/protocol.md, "Mentions"):
+/// `["p", <sender>]`, `["h", <channel>]`, `["e", <mention>]`, `["agent",
+/// <agent>]`, `["status", queued|working]`, `["delivery", <id>]`.
+pub fn mention_status_tags(
+    sender: &str,
+    channel: &str,
+    message_event_id: &str,
+    agent: &str,
+    status: crate::api::MentionStatus,
+    delivery_id: &str,
+) -> Vec<Tag> {
+    vec![
+        Tag::custom("p", [sender]),
+        Tag::custom("h", [channel]),
+        Tag::custom("e", [message_event_id]),
+        Tag::custom("agent", [agent]),
+        Tag::custom("status", [status.as_str()]),
+        Tag::custom("delivery", [delivery_id]),
+    ]
+}

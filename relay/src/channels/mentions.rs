@@ -10,7 +10,7 @@
 //! nothing), its `step_id` is `mention`.
 
 use nostr::prelude::{Event, EventBuilder, Keys, Kind, PublicKey, Tag, Timestamp};
-use protocol::api::{DeliverySource, DeliveryStatus, MENTION_STEP};
+use protocol::api::{DeliverySource, DeliveryStatus, MentionStatus, MENTION_STEP};
 use protocol::nip86::{MentionScope, MentionSetting, MAX_LIST_MENTIONS};
 use serde_json::json;
 
@@ -70,13 +70,79 @@ pub async fn on_message(
     let rows: Vec<([u8; 32], String)> = within.into_iter().map(|t| (t, new_id())).collect();
     let made = insert_rows(tx, community, event, channel, &rows, cfg, now).await?;
     let message = event.id.to_hex();
+    let sender = event.pubkey.to_hex();
     for (target, id) in rows.iter().filter(|(t, _)| made.contains(t)) {
         let Ok(target) = PublicKey::from_slice(target) else {
             continue;
         };
         published.push(wake(keys, &target, channel, id, &message, now));
+        let place = Place {
+            channel,
+            message: &message,
+            sender: &sender,
+        };
+        published.push(status(
+            keys,
+            &place,
+            &target.to_hex(),
+            id,
+            MentionStatus::Queued,
+            now,
+        ));
     }
     Ok(published)
+}
+
+/// Where a mention is: its channel, its message's id, its sender (hex).
+pub struct Place<'a> {
+    pub channel: &'a str,
+    pub message: &'a str,
+    pub sender: &'a str,
+}
+
+/// A mention's status for its sender (kind 24621, p-gated): relay-signed,
+/// ephemeral, announced like any event.
+pub fn status(
+    keys: &Keys,
+    place: &Place<'_>,
+    agent: &str,
+    delivery: &str,
+    status: MentionStatus,
+    now: i64,
+) -> (Event, String) {
+    let tags = protocol::workflow::mention_status_tags(
+        place.sender,
+        place.channel,
+        place.message,
+        agent,
+        status,
+        delivery,
+    );
+    ephemeral(keys, protocol::kinds::MENTION_STATUS, tags, now)
+}
+
+/// The `working` status of a mention row just claimed (`None` for a
+/// workflow's row, or one whose snapshot names no sender).
+pub fn working(keys: &Keys, d: &crate::delivery::rows::Delivery, now: i64) -> Option<(Event, String)> {
+    if d.source != DeliverySource::Mention {
+        return None;
+    }
+    let context: serde_json::Value = serde_json::from_str(&d.trigger_context).ok()?;
+    let sender = context["author"].as_str()?;
+    let message = hex::encode(d.message_event_id);
+    let place = Place {
+        channel: &d.channel,
+        message: &message,
+        sender,
+    };
+    Some(status(
+        keys,
+        &place,
+        &hex::encode(d.target),
+        &d.id,
+        MentionStatus::Working,
+        now,
+    ))
 }
 
 /// A cap on the mentions one agent takes (`deliveries.mentions_*`).
@@ -275,8 +341,13 @@ fn wake(
     now: i64,
 ) -> (Event, String) {
     let tags = protocol::workflow::wake_tags(target, channel, id, message, message, MENTION_STEP, message);
+    ephemeral(keys, protocol::kinds::WAKE_HINT, tags, now)
+}
+
+/// A relay-signed ephemeral event of `kind` with `tags`, empty content.
+fn ephemeral(keys: &Keys, kind: u16, tags: Vec<Tag>, now: i64) -> (Event, String) {
     let ev = protocol::sign::sign(
-        EventBuilder::new(Kind::from_u16(protocol::kinds::WAKE_HINT), "")
+        EventBuilder::new(Kind::from_u16(kind), "")
             .tags(tags)
             .custom_created_at(Timestamp::from_secs(u64::try_from(now).unwrap_or(0))),
         keys,

@@ -120,6 +120,7 @@ impl Default for Config {
             p_gated_kinds: vec![
                 protocol::kinds::ENCRYPTED_DM,
                 protocol::kinds::WAKE_HINT,
+                protocol::kinds::MENTION_STATUS,
                 protocol::kinds::GIFT_WRAP,
             ],
             keys_dir: None,

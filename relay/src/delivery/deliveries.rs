@@ -6,7 +6,7 @@
 //! channel, in the transaction that makes the transition (so exactly once).
 
 use nostr::prelude::{Event, Keys, PublicKey, Tag};
-use protocol::api::{DeliveryStatus as Status, OperationRequest, Outcome, RenewRequest};
+use protocol::api::{DeliverySource, DeliveryStatus as Status, OperationRequest, Outcome, RenewRequest};
 
 use crate::config::DeliveryConfig;
 use crate::delivery::machine;
@@ -135,15 +135,28 @@ async fn notice(
     now: i64,
 ) -> Result<(Event, String), StoreError> {
     let target = hex::encode(d.target);
-    let text = format!(
-        "Workflow {} could not be delivered to agent {target} (delivery {}, step {}): {code}",
-        d.workflow_id, d.id, d.step_id
-    );
-    let tags = vec![
+    let text = match d.source {
+        DeliverySource::Workflow => format!(
+            "Workflow {} could not be delivered to agent {target} (delivery {}, step {}): {code}",
+            d.workflow_id, d.id, d.step_id
+        ),
+        DeliverySource::Mention => format!(
+            "Agent {target} could not answer this mention (delivery {}): {code}",
+            d.id
+        ),
+    };
+    let mut tags = vec![
         Tag::custom("workflow-delivery-failed", [d.id.as_str(), code]),
         Tag::custom("e", [hex::encode(d.message_event_id)]),
         Tag::custom("workflow-run", [d.run_id.as_str()]),
     ];
+    // A mention's sender is told (its p-gated notifications show it).
+    if d.source == DeliverySource::Mention {
+        let context: serde_json::Value = serde_json::from_str(&d.trigger_context).unwrap_or_default();
+        if let Some(author) = context["author"].as_str() {
+            tags.push(Tag::custom("p", [author]));
+        }
+    }
     crate::events::notices::post(tx, community, keys, &d.channel, text, tags, now).await
 }
 
