@@ -92,7 +92,19 @@ async fn claim(State(state): State<Arc<AppState>>, auth: AuthedCall) -> Response
         Err(r) => return r.into_response(),
     };
     let community = &auth.tenant.community.id;
-    let r = state.store.claim(community, auth.spend, auth.pubkey, req).await;
+    let keys = &auth.tenant.community.keys;
+    let r = state
+        .store
+        .claim(community, keys, auth.spend, auth.pubkey, req)
+        .await;
+    let r = r.map(|(claimed, status)| {
+        // A mention's sender is told (announced to other processes in
+        // the claim's transaction).
+        if let Some((ev, raw)) = status {
+            state.publish(community, Arc::new(ev), Arc::from(raw));
+        }
+        claimed
+    });
     if let Ok(Some(d)) = &r {
         let span = d.span(community);
         let now = crate::clock::unix_now() as i64;
@@ -107,16 +119,6 @@ async fn claim(State(state): State<Arc<AppState>>, auth: AuthedCall) -> Response
         .with("workflow.delivery.attempt", d.attempt.to_string())]);
         let (to, code) = ("claimed", "");
         metrics::counter!(crate::telemetry::TRANSITIONS, "to" => to, "code" => code).increment(1);
-        let keys = &auth.tenant.community.keys;
-        if let Some((ev, raw)) = crate::channels::mentions::working(keys, d, now) {
-            // Its own statement on PostgreSQL (other processes' clients),
-            // after the claim committed; a status not sent costs its
-            // sender a hint only.
-            if let Err(e) = state.store.announce_now(community, &raw).await {
-                tracing::warn!(error = %e, "announcing a mention's status failed");
-            }
-            state.publish(community, Arc::new(ev), Arc::from(raw));
-        }
         if d.attempt == 1 {
             let waited = (crate::clock::unix_now() as i64)
                 .saturating_sub(d.created_at)

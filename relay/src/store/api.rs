@@ -184,24 +184,23 @@ impl Store {
 
     /// Each delivery call below spends `auth` (see [`HttpAuthUse`]) and
     /// goes through the call writer.
+    /// A claim, and for a mention the status its sender is sent (already
+    /// announced to other processes; this one publishes it).
     pub async fn claim(
         &self,
         community: &str,
+        keys: &Keys,
         auth: HttpAuthUse,
         caller: PublicKey,
         req: ClaimRequest,
-    ) -> Answer<Option<Delivery>> {
-        let community = community.to_string();
-        self.calls
-            .run_spending(
-                auth,
-                Claim {
-                    community,
-                    caller,
-                    req,
-                },
-            )
-            .await
+    ) -> Answer<crate::store::calls::Claimed> {
+        let claim = Claim {
+            community: community.to_string(),
+            caller,
+            req,
+            keys: keys.clone(),
+        };
+        self.calls.run_spending(auth, claim).await
     }
 
     pub async fn renew(

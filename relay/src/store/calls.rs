@@ -52,10 +52,16 @@ pub(crate) struct Claim {
     pub community: String,
     pub caller: PublicKey,
     pub req: ClaimRequest,
+    /// The community's key: a mention's `working` status is signed with it.
+    pub keys: Keys,
 }
 
+/// A claim's answer: the row claimed, if any, and for a mention the
+/// status its sender is sent (announced in the claim's transaction).
+pub type Claimed = (Option<Delivery>, Option<(Event, String)>);
+
 impl WriteCall for Claim {
-    type Reply = Option<Delivery>;
+    type Reply = Claimed;
 
     fn community(&self) -> &str {
         &self.community
@@ -75,13 +81,19 @@ impl WriteCall for Claim {
     }
 
     fn run<'a>(&'a self, tx: &'a mut Tx<'_>, cfg: &'a DeliveryConfig) -> BoxFuture<'a, Answer<Self::Reply>> {
-        Box::pin(crate::delivery::claim::claim(
-            tx,
-            &self.community,
-            &self.caller,
-            &self.req,
-            cfg,
-        ))
+        Box::pin(async move {
+            let claimed =
+                crate::delivery::claim::claim(tx, &self.community, &self.caller, &self.req, cfg).await?;
+            let now = crate::clock::unix_now() as i64;
+            let status = claimed
+                .as_ref()
+                .and_then(|d| crate::channels::mentions::working(&self.keys, d, now));
+            Ok((claimed, status))
+        })
+    }
+
+    fn announced((_, status): &Self::Reply) -> Vec<&str> {
+        status.iter().map(|(_, raw)| raw.as_str()).collect()
     }
 }
 
@@ -303,6 +315,7 @@ mod tests {
             community: community.clone(),
             caller: keys.public_key(),
             req: Default::default(),
+            keys: keys.clone(),
         };
         let finish = |outcome| Finish {
             community: community.clone(),

@@ -88,18 +88,6 @@ impl Store {
         self.pool.dialect()
     }
 
-    /// Announces an event not stored (an ephemeral status) to other relay
-    /// processes, in a transaction of its own. Only PostgreSQL has other
-    /// processes.
-    pub async fn announce_now(&self, community: &str, raw: &str) -> Result<(), StoreError> {
-        if self.dialect() != Dialect::Postgres {
-            return Ok(());
-        }
-        let mut tx = self.pool.begin().await?;
-        self.announce(&mut tx, community, &[raw]).await?;
-        tx.commit().await
-    }
-
     /// Announces a committed (or, inside `tx`, committing) event to other
     /// relay processes. Only PostgreSQL has other processes.
     pub(crate) async fn announce<S: AsRef<str>>(
