@@ -63,8 +63,11 @@ struct Args {
     /// REQs in flight on each connection of the saturating query load.
     #[arg(long, default_value_t = 4)]
     load_depth: usize,
-    /// Figures to run (comma separated): ingest,query (with search and sync),fanout,delivery,pipeline,fairness,memory.
-    #[arg(long, default_value = "ingest,query,fanout,delivery,pipeline,fairness,memory")]
+    /// Figures to run (comma separated): ingest,query (with search and sync),fanout,delivery,mentions,pipeline,fairness,memory.
+    #[arg(
+        long,
+        default_value = "ingest,query,fanout,delivery,mentions,pipeline,fairness,memory"
+    )]
     only: String,
     /// Extra environment of the measured relay (`KEY=VALUE`, repeatable),
     /// e.g. `RUST_LOG=info,relay=debug,access=off` to measure without the
@@ -117,7 +120,7 @@ type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<t
 const BENCH_TOML: &str = "[limits]\nevents_per_second = 1000000\nevents_burst = 1000000\nmax_inflight_events = 1024\nmax_subscriptions = 200\n\
 max_outbound_bytes = 67108864\napi_requests_per_second = 1000000\napi_burst = 1000000\nfanout_buffer_events = 65536\n\
 [channels]\nmembership_kinds = [9]\n[sqlite]\npool_size = 16\nsynchronous = \"{synchronous}\"\n[postgres]\npool_size = 32\n\
-[deliveries]\ndefault_lease_secs = 60\n[workflows]\nrun_poll_interval_ms = 1000\n";
+[deliveries]\ndefault_lease_secs = 60\nmentions_per_hour = 1000000\nmentions_per_day = 1000000\n[workflows]\nrun_poll_interval_ms = 1000\n";
 
 /// Read buffer of every bench connection. tungstenite zero-fills its read
 /// buffer up to this size before each read (128 KiB by default), which in
@@ -716,6 +719,103 @@ async fn delivery(relay: &Relay, rounds: usize, quick: bool, rate: u32) {
     );
 }
 
+/// Mentions as work (`--only mentions`): `convs` conversations, each a
+/// channel with one agent whose mentions are on and its owner, a member,
+/// mentioning it; simulated agents claim by wake and answer. A mention's
+/// clock runs from its send to its claim: back to back (each round's
+/// mentions of every conversation at once) and paced at `rate` a second.
+async fn mentions(relay: &Relay, rounds: usize, quick: bool, rate: u32) {
+    let convs = if quick { 20 } else { 50 };
+    let per_conv = if quick { 10 } else { 40 };
+    let target = Target::ours(relay);
+    let mut fixtures = Vec::with_capacity(convs);
+    for c in 0..convs {
+        let fx = tests::workflow::Fixture::new(relay, &format!("talk-{c}"), 1).await;
+        let agent = fx.agents[0].public_key().to_hex();
+        let set = tests::workflow::rpc(relay, &fx.owner, "setmentions", json!([agent, true])).await;
+        assert_eq!(set.0, 200, "setmentions: {set:?}");
+        fixtures.push(fx);
+    }
+    let placed: Vec<(Keys, String)> = fixtures
+        .iter()
+        .map(|fx| (fx.agents[0].clone(), fx.channel.clone()))
+        .collect();
+    let refusals = Arc::new(AtomicUsize::new(0));
+    let mut done_rx = start_placed_agents(relay.addr, &placed, &refusals).await;
+    let mut talk = Conversations(fixtures);
+    let (mut rates, mut burst_p50, mut burst_p99) = (Rounds::default(), Rounds::default(), Rounds::default());
+    let (mut p50, mut p99) = (Rounds::default(), Rounds::default());
+    for round in 0..=rounds {
+        let warm_up = round == 0;
+        let n = if warm_up { 2 } else { per_conv };
+        let meter = Meter::start(&target);
+        let (burst, mut faults) =
+            triggers(&mut talk, &mut done_rx, &format!("b{round}"), n, convs, None).await;
+        faults.refused += refusals.swap(0, Ordering::Relaxed);
+        let s = meter.sample(&target, burst.len(), faults);
+        if warm_up {
+            continue;
+        }
+        rates.push(s.rate, s.cpu_us, s.generator_cores, s.faults);
+        burst_p50.push(percentile(&burst, 0.5), None, s.generator_cores, s.faults);
+        burst_p99.push(percentile(&burst, 0.99), None, s.generator_cores, s.faults);
+        let interval = Duration::from_secs_f64(convs as f64 / f64::from(rate.max(1)));
+        let meter = Meter::start(&target);
+        let (paced, mut faults) = triggers(
+            &mut talk,
+            &mut done_rx,
+            &format!("p{round}"),
+            n,
+            convs,
+            Some(interval),
+        )
+        .await;
+        faults.refused += refusals.swap(0, Ordering::Relaxed);
+        let s = meter.sample(&target, paced.len(), faults);
+        p50.push(percentile(&paced, 0.5), None, s.generator_cores, s.faults);
+        p99.push(percentile(&paced, 0.99), None, s.generator_cores, s.faults);
+    }
+    let ours = ["ours".to_string()];
+    let one = |r: &Rounds| [r.measured()];
+    let back = format!("{convs} conversations, mentions back to back");
+    let paced = format!("{convs} conversations, {rate} mentions/s offered");
+    let figures = [
+        (
+            format!("mentions answered ({back})"),
+            "mentions/s",
+            Better::Higher,
+            &rates,
+        ),
+        (
+            format!("mention sent to claim p50 ({back}: queueing)"),
+            "ms",
+            Better::Lower,
+            &burst_p50,
+        ),
+        (
+            format!("mention sent to claim p99 ({back}: queueing)"),
+            "ms",
+            Better::Lower,
+            &burst_p99,
+        ),
+        (
+            format!("mention sent to claim p50 ({paced})"),
+            "ms",
+            Better::Lower,
+            &p50,
+        ),
+        (
+            format!("mention sent to claim p99 ({paced})"),
+            "ms",
+            Better::Lower,
+            &p99,
+        ),
+    ];
+    for (name, unit, better, rounds) in figures {
+        report(&name, unit, better, "mention", &ours, &one(rounds));
+    }
+}
+
 /// Starts one simulated agent per key, each subscribed to its wakes;
 /// returns the channel on which they report each finished delivery
 /// (when they claimed it, and its trigger's text).
@@ -735,16 +835,21 @@ async fn start_agents_at(
     channel: &str,
     refusals: &Arc<AtomicUsize>,
 ) -> tokio::sync::mpsc::UnboundedReceiver<(Instant, String)> {
+    let placed: Vec<(Keys, String)> = agents.iter().map(|a| (a.clone(), channel.to_string())).collect();
+    start_placed_agents(addr, &placed, refusals).await
+}
+
+/// [`start_agents`], each agent replying in its own channel.
+async fn start_placed_agents(
+    addr: std::net::SocketAddr,
+    agents: &[(Keys, String)],
+    refusals: &Arc<AtomicUsize>,
+) -> tokio::sync::mpsc::UnboundedReceiver<(Instant, String)> {
     let (done_tx, done_rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, String)>();
     let http = format!("http://{addr}");
     let mut ready = Vec::new();
-    for a in agents.iter().cloned() {
-        let (url, http, done_tx, channel) = (
-            format!("ws://{addr}"),
-            http.clone(),
-            done_tx.clone(),
-            channel.to_string(),
-        );
+    for (a, channel) in agents.iter().cloned() {
+        let (url, http, done_tx) = (format!("ws://{addr}"), http.clone(), done_tx.clone());
         let (rtx, rrx) = tokio::sync::oneshot::channel();
         ready.push(rrx);
         let refusals = refusals.clone();
@@ -985,8 +1090,48 @@ async fn watch_finals(
 /// one is acknowledged) and waits until every agent claimed and finished
 /// each; returns the sorted trigger-to-claim latencies in ms (one per
 /// delivery finished) and the deliveries that never were.
+/// What sends one trigger: returns the text each delivery it makes will
+/// carry, with when its message was sent (the clock starts as a trigger
+/// is sent, not at its OK).
+trait Trigger: Send {
+    fn send<'a>(&'a mut self, text: &'a str) -> futures_util::future::BoxFuture<'a, Vec<(String, Instant)>>;
+}
+
+/// A message in the fixture's channel, which its workflow turns into one
+/// delivery per agent, each carrying the message's text.
+impl Trigger for tests::workflow::Fixture {
+    fn send<'a>(&'a mut self, text: &'a str) -> futures_util::future::BoxFuture<'a, Vec<(String, Instant)>> {
+        Box::pin(async move {
+            let sent = Instant::now();
+            self.post(text).await;
+            vec![(text.to_string(), sent)]
+        })
+    }
+}
+
+/// One mention per conversation: each fixture's owner (a member) p-tags
+/// the fixture's one agent in its channel, the text suffixed with the
+/// conversation's number.
+struct Conversations(Vec<tests::workflow::Fixture>);
+
+impl Trigger for Conversations {
+    fn send<'a>(&'a mut self, text: &'a str) -> futures_util::future::BoxFuture<'a, Vec<(String, Instant)>> {
+        Box::pin(async move {
+            let mut sent = Vec::with_capacity(self.0.len());
+            for (j, fx) in self.0.iter_mut().enumerate() {
+                let text = format!("{text}@{j}");
+                let agent = fx.agents[0].public_key().to_hex();
+                let ev = tests::event(&fx.owner, 9, &text, &[&["h", &fx.channel], &["p", &agent]]);
+                sent.push((text, Instant::now()));
+                fx.owner_client.publish_ok(&ev).await;
+            }
+            sent
+        })
+    }
+}
+
 async fn triggers(
-    fx: &mut tests::workflow::Fixture,
+    fx: &mut dyn Trigger,
     done_rx: &mut tokio::sync::mpsc::UnboundedReceiver<(Instant, String)>,
     prefix: &str,
     n: usize,
@@ -1010,8 +1155,7 @@ async fn triggers(
         }
         let text = format!("m{prefix}-{i}");
         // The clock starts as the trigger is sent, not at its OK.
-        sent_at.insert(text.clone(), Instant::now());
-        fx.post(&text).await;
+        sent_at.extend(fx.send(&text).await);
         // Claims answered meanwhile (their trigger was acknowledged before).
         while let Ok(d) = done_rx.try_recv() {
             record(&mut lat, &sent_at, d);
@@ -1338,6 +1482,9 @@ async fn main() {
     }
     if only.contains(&"delivery") {
         delivery(&relay, rounds, args.quick, args.delivery_rate).await;
+    }
+    if only.contains(&"mentions") {
+        mentions(&relay, rounds, args.quick, args.delivery_rate).await;
     }
     if only.contains(&"pipeline") {
         // Each variant on a relay of its own (the agents of a figure stay
