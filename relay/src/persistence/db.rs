@@ -480,13 +480,8 @@ impl Pool {
             Pool::Postgres {
                 queries, standbys, ..
             } => {
-                if let Some((standbys, r)) = standbys.as_ref().zip(from) {
-                    match Self::pg_all(standbys.pool(r.index), q.clone()).await {
-                        Ok(rows) => return Ok(rows),
-                        Err(e) => standbys.failed(r.index, &e),
-                    }
-                }
-                Self::pg_all(queries, q).await
+                let all = |pool: PgPool, q: Q| async move { Self::pg_all(&pool, q).await };
+                read_on(queries, standbys.as_deref(), from, q, all).await
             }
         }
     }
@@ -515,13 +510,9 @@ impl Pool {
             Pool::Postgres {
                 queries, standbys, ..
             } => {
-                if let Some((standbys, r)) = standbys.as_ref().zip(from) {
-                    match page(standbys.pool(r.index), q.clone())?.await {
-                        Ok(got) => return Ok(got),
-                        Err(e) => standbys.failed(r.index, &e),
-                    }
-                }
-                page(queries, q)?.await
+                let page = &page;
+                let read = |pool: PgPool, q: Q| async move { page(&pool, q)?.await };
+                read_on(queries, standbys.as_deref(), from, q, read).await
             }
         }
     }
@@ -569,4 +560,27 @@ impl Pool {
             }
         }
     }
+}
+
+/// Reads `q` with `read` on the standby `from` when one is named, else,
+/// or when that standby fails (it is then noted as failed), on the query
+/// pool. `q` is cloned only when a standby is tried.
+async fn read_on<T, F, Fut>(
+    queries: &PgPool,
+    standbys: Option<&Standbys>,
+    from: Option<Replica>,
+    q: Q,
+    read: F,
+) -> Result<T, StoreError>
+where
+    F: Fn(PgPool, Q) -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    if let Some((standbys, r)) = standbys.zip(from) {
+        match read(standbys.pool(r.index).clone(), q.clone()).await {
+            Ok(got) => return Ok(got),
+            Err(e) => standbys.failed(r.index, &e),
+        }
+    }
+    read(queries.clone(), q).await
 }
