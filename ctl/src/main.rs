@@ -5,6 +5,7 @@
 
 mod bulk;
 mod client;
+mod mentions;
 mod show;
 
 use std::io::Read;
@@ -20,7 +21,7 @@ use protocol::api::{
     DeliveryDetail, DeliveryView, Me, RunStarted, RunView, RunsPage, SecretStored, WebhookSecret,
 };
 use protocol::dashboard::{WorkflowDetail, WorkflowSummary};
-use protocol::nip86::{EventEntry, MentionSetting, PubkeyEntry, RunChanged, WorkflowChanged};
+use protocol::nip86::{EventEntry, PubkeyEntry, RunChanged, WorkflowChanged};
 use serde::de::IgnoredAny;
 use serde::Serialize;
 use show::{fields, or_dash, table, when};
@@ -100,29 +101,8 @@ enum Command {
     /// Where managed agents take mentions (their owners and admins).
     Mentions {
         #[command(subcommand)]
-        command: MentionsCommand,
+        command: mentions::MentionsCommand,
     },
-}
-
-#[derive(Subcommand)]
-enum MentionsCommand {
-    /// Turn an agent's mentions on: a kind 9 in the channel that p-tags
-    /// it, by a member, becomes a delivery for it.
-    On {
-        /// The agent (hex or npub).
-        agent: String,
-        /// One channel; every channel of the community without it.
-        #[arg(long)]
-        channel: Option<String>,
-    },
-    /// Turn an agent's mentions off (open deliveries stay).
-    Off {
-        agent: String,
-        #[arg(long)]
-        channel: Option<String>,
-    },
-    /// Where agents take mentions (an owner sees its own agents).
-    List,
 }
 
 #[derive(Subcommand)]
@@ -308,32 +288,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let methods: Vec<String> = relay.rpc("supportedmethods", json!([])).await?;
             out.list(&methods, |m| println!("{m}"));
         }
-        Command::Mentions { command } => mentions(&relay, out, command).await?,
+        Command::Mentions { command } => mentions::run(&relay, out, command).await?,
     }
-    Ok(())
-}
-
-async fn mentions(relay: &Relay, out: Out, command: MentionsCommand) -> anyhow::Result<()> {
-    let (agent, on, channel) = match command {
-        MentionsCommand::On { agent, channel } => (agent, true, channel),
-        MentionsCommand::Off { agent, channel } => (agent, false, channel),
-        MentionsCommand::List => {
-            let rows: Vec<MentionSetting> = relay.rpc("listmentions", json!([])).await?;
-            out.list(&rows, |m| {
-                let channel = m.channel.as_deref().unwrap_or("*");
-                println!("{}  {channel}  by {}", m.agent, m.by.as_deref().unwrap_or("-"));
-            });
-            return Ok(());
-        }
-    };
-    let agent = hex_pubkey(&agent)?;
-    let set: MentionSetting = relay.rpc("setmentions", json!([agent, on, channel])).await?;
-    let state = if set.on { "on" } else { "off" };
-    let place = set
-        .channel
-        .as_deref()
-        .map_or("every channel".to_string(), |c| format!("channel {c}"));
-    out.done(&format!("mentions of {} {state} in {place}", set.agent));
     Ok(())
 }
 
