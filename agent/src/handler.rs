@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::{Api, Delivery};
 use crate::config::HandlerConfig;
-use protocol::api::Effect;
+use protocol::api::{DeliverySource, Effect};
 
 /// Longest reply a handler may produce (bytes); longer output is cut.
 pub const MAX_REPLY_BYTES: usize = 32 * 1024;
@@ -167,6 +167,16 @@ impl Handler {
             Handler::Echo => {
                 if let Err(e) = ops.record("echo", Effect::Read).await {
                     return turn.same(Outcome::Retry(format!("recording the operation failed: {e}")));
+                }
+                // Mentions are answered once a turn (one reply to what was
+                // said); a workflow's deliveries each get their own.
+                let mentions = turn
+                    .items
+                    .iter()
+                    .all(|i| i.delivery.source == DeliverySource::Mention);
+                if mentions {
+                    let said: Vec<&str> = turn.items.iter().map(|i| i.message.content.as_str()).collect();
+                    return turn.same(Outcome::Delivered(Some(format!("echo: {}", said.join("\n")))));
                 }
                 let echo = |i: &TurnItem| Outcome::Delivered(Some(format!("echo: {}", i.message.content)));
                 turn.items.iter().map(echo).collect()
@@ -601,6 +611,8 @@ mod tests {
                 revision: 0,
                 traceparent: None,
                 source: Default::default(),
+                conversation: String::new(),
+                turn: Vec::new(),
             },
             message: EventBuilder::new(Kind::from_u16(9), format!("msg {id}"))
                 .finalize(&keys)

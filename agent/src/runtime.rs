@@ -20,6 +20,38 @@ use crate::handler::{Handler, Ops, Outcome, Turn, TurnItem};
 use crate::relay::{self, Backoff, RelayLink};
 use crate::verify::{self, Failure, Trust, Verified, Wake};
 
+/// What a worker's conversation is: a mention's own, else its channel.
+fn conversation_key(d: &Delivery) -> String {
+    if d.conversation.is_empty() {
+        d.channel.clone()
+    } else {
+        d.conversation.clone()
+    }
+}
+
+/// The deliveries of a claim: those of its turn (the same token, lease,
+/// channel and source; their own ids, messages and snapshots), then the
+/// claimed one.
+fn turn_of(mut d: Delivery) -> Vec<Delivery> {
+    let parts = std::mem::take(&mut d.turn);
+    let mut out = Vec::with_capacity(1 + parts.len());
+    for p in parts {
+        out.push(Delivery {
+            id: p.id,
+            run_id: p.run_id,
+            definition_event_id: p.definition_event_id,
+            message_event_id: p.message_event_id,
+            attempt: p.attempt,
+            expires_at: p.expires_at,
+            trigger_context: p.trigger_context,
+            traceparent: None,
+            ..d.clone()
+        });
+    }
+    out.push(d);
+    out
+}
+
 /// A finish of `d` with `outcome` (no reply).
 fn finish_body(
     d: &Delivery,
@@ -33,6 +65,7 @@ fn finish_body(
         failure_code: code,
         failure_message: message,
         reply: None,
+        turn: Vec::new(),
     }
 }
 
@@ -40,8 +73,10 @@ fn finish_body(
 const MAX_REMEMBERED_WAKES: usize = 4_096;
 /// Most deliveries claimed by one poll pass.
 const MAX_CLAIMS_PER_POLL: usize = 256;
-/// Deliveries queued per channel, at most (claims beyond wait for the next poll).
+/// Claims queued per conversation, at most (claims beyond are given back).
 const MAX_CHANNEL_QUEUE: usize = 256;
+/// How long after a wake's `due-in` its claim is made.
+const DUE_SLACK: Duration = Duration::from_millis(200);
 
 /// A claimed, verified delivery and the lease that keeps it.
 struct Claimed {
@@ -79,7 +114,7 @@ struct Runtime {
     trust: Trust,
     handler: Handler,
     wakes: Mutex<(HashMap<String, Wake>, VecDeque<String>)>,
-    channels: Mutex<HashMap<String, mpsc::Sender<Claimed>>>,
+    channels: Mutex<HashMap<String, mpsc::Sender<Vec<Claimed>>>>,
     permits: Arc<Semaphore>,
     tracker: TaskTracker,
     shutdown: CancellationToken,
@@ -271,6 +306,15 @@ impl Runtime {
             }
         };
         self.remember(&wake);
+        if wake.due_in_secs > 0 {
+            // Its row is due once its conversation has been quiet this
+            // long (the relay's debounce); a little after, by our clock.
+            let wait = Duration::from_secs(wake.due_in_secs) + DUE_SLACK;
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
         let body = ClaimRequest {
             delivery_id: Some(wake.delivery_id.clone()),
             expected: Some(wake.expected()),
@@ -320,9 +364,30 @@ impl Runtime {
         lease
     }
 
-    /// Verifies a claimed delivery and queues it for its channel, or
-    /// finishes it `failed` with the verification code.
+    /// Verifies a claim's deliveries (the claimed one and those of its
+    /// turn) and queues the verified ones for their conversation, as one
+    /// group; one that fails verification is finished `failed` with its code.
     async fn accept(self: &Arc<Self>, d: Delivery, wake: Option<Wake>) {
+        let key = conversation_key(&d);
+        let mut group = Vec::with_capacity(1 + d.turn.len());
+        for part in turn_of(d) {
+            let wake = wake.clone().filter(|w| w.delivery_id == part.id);
+            if let Some(c) = self.accept_one(part, wake).await {
+                group.push(c);
+            }
+        }
+        // In the order they were said (as clients show them: by time,
+        // then id).
+        group.sort_by_key(|c| (c.item.message.created_at, c.item.message.id));
+        if !group.is_empty() {
+            self.enqueue(key, group);
+        }
+    }
+
+    /// Verifies one claimed delivery and keeps its lease: `None` when it
+    /// was finished at once (failed verification, or the relay could not
+    /// be asked: a retry).
+    async fn accept_one(self: &Arc<Self>, d: Delivery, wake: Option<Wake>) -> Option<Claimed> {
         let lease = self.keep_lease(&d);
         // A wake remembered from before a revision names the row's older
         // message: out of date, not a mismatch (the revision's own wake
@@ -343,7 +408,7 @@ impl Runtime {
                     Some(format!("fetching events: {e}")),
                 );
                 self.finish(&d, &lease, body).await;
-                return;
+                return None;
             }
         };
         match verdict {
@@ -352,15 +417,15 @@ impl Runtime {
                 metrics::counter!(crate::telemetry::VERIFICATION_FAILURES, "code" => f.code).increment(1);
                 let body = finish_body(&d, WireOutcome::Failed, Some(f.code.to_string()), Some(f.message));
                 self.finish(&d, &lease, body).await;
+                None
             }
-            Ok(v) => {
-                let channel = d.channel.clone();
-                let item = TurnItem {
+            Ok(v) => Some(Claimed {
+                item: TurnItem {
                     delivery: d,
                     message: v.message,
-                };
-                self.enqueue(channel, Claimed { item, lease });
-            }
+                },
+                lease,
+            }),
         }
     }
 
@@ -392,59 +457,63 @@ impl Runtime {
         Ok(verify::verify(d, wake, def.as_ref(), msg.as_ref(), &self.trust))
     }
 
-    fn enqueue(self: &Arc<Self>, channel: String, c: Claimed) {
+    /// Queues one claim's verified deliveries for their conversation's
+    /// worker (started on first use).
+    fn enqueue(self: &Arc<Self>, key: String, group: Vec<Claimed>) {
         let mut map = self.channels.lock().unwrap_or_else(|p| p.into_inner());
         let tx = map
-            .entry(channel.clone())
+            .entry(key.clone())
             .or_insert_with(|| {
                 let (tx, rx) = mpsc::channel(MAX_CHANNEL_QUEUE);
                 let rt = self.clone();
-                self.tracker
-                    .spawn(async move { rt.channel_worker(channel, rx).await });
+                self.tracker.spawn(async move { rt.channel_worker(rx).await });
                 tx
             })
             .clone();
         drop(map);
-        if let Err(e) = tx.try_send(c) {
+        if let Err(e) = tx.try_send(group) {
             // Full: give the claim back for later.
-            let c = match e {
-                mpsc::error::TrySendError::Full(c) | mpsc::error::TrySendError::Closed(c) => c,
+            let group = match e {
+                mpsc::error::TrySendError::Full(g) | mpsc::error::TrySendError::Closed(g) => g,
             };
             let rt = self.clone();
             self.tracker.spawn(async move {
-                let d = &c.item.delivery;
-                let body = finish_body(d, WireOutcome::Retry, None, Some("channel queue full".into()));
-                rt.finish(d, &c.lease, body).await;
+                for c in &group {
+                    let d = &c.item.delivery;
+                    let body = finish_body(d, WireOutcome::Retry, None, Some("channel queue full".into()));
+                    rt.finish(d, &c.lease, body).await;
+                }
             });
         }
     }
 
-    /// Runs the turns of one channel, one at a time, in order.
-    async fn channel_worker(self: Arc<Self>, channel: String, mut rx: mpsc::Receiver<Claimed>) {
+    /// Runs the turns of one conversation (a channel, or a thread of
+    /// mentions), one at a time, in order.
+    async fn channel_worker(self: Arc<Self>, mut rx: mpsc::Receiver<Vec<Claimed>>) {
         let debounce = Duration::from_millis(self.cfg.debounce_ms);
         loop {
-            let first = tokio::select! {
+            let mut batch = tokio::select! {
                 _ = self.shutdown.cancelled() => return,
                 c = rx.recv() => match c { Some(c) => c, None => return },
             };
-            let mut batch = vec![first];
-            // Deliveries arriving within the debounce window join this turn.
+            // Claims arriving within the debounce window join this turn.
             let deadline = tokio::time::Instant::now() + debounce;
             while batch.len() < self.cfg.max_turn_deliveries {
                 match tokio::time::timeout_at(deadline, rx.recv()).await {
-                    Ok(Some(c)) => batch.push(c),
+                    Ok(Some(g)) => batch.extend(g),
                     _ => break,
                 }
             }
             while batch.len() < self.cfg.max_turn_deliveries {
                 match rx.try_recv() {
-                    Ok(c) => batch.push(c),
+                    Ok(g) => batch.extend(g),
                     Err(_) => break,
                 }
             }
             let Ok(_permit) = self.permits.clone().acquire_owned().await else {
                 return;
             };
+            let channel = batch[0].item.delivery.channel.clone();
             self.turn(&channel, batch).await;
         }
     }
@@ -471,23 +540,63 @@ impl Runtime {
         metrics::histogram!(crate::telemetry::HANDLER_SECONDS).record(started.elapsed().as_secs_f64());
         debug_assert_eq!(outcomes.len(), batch.len(), "one outcome per delivery");
         cancel.cancel();
-        // Each delivery is finished on its own, with its own reply.
-        for (c, outcome) in batch.iter().zip(outcomes) {
-            let d = &c.item.delivery;
-            let body = match after_interruption(outcome, ops.wrote()) {
-                Outcome::Delivered(text) => FinishRequest {
-                    reply: text.and_then(|t| self.reply_event(channel, &c.item.message, &t)),
-                    ..finish_body(d, WireOutcome::Delivered, None, None)
-                },
-                Outcome::Retry(why) | Outcome::Interrupted(why) => {
-                    finish_body(d, WireOutcome::Retry, None, Some(why))
+        let outcomes: Vec<Outcome> = outcomes
+            .into_iter()
+            .map(|o| after_interruption(o, ops.wrote()))
+            .collect();
+        // The deliveries of one claim (a turn of mentions, one token) with
+        // one outcome are finished together, with one reply under the
+        // last message; any other delivery on its own, with its own reply.
+        let mut start = 0;
+        while start < batch.len() {
+            let token = &batch[start].item.delivery.claim_token;
+            let end = start
+                + batch[start..]
+                    .iter()
+                    .take_while(|c| &c.item.delivery.claim_token == token)
+                    .count();
+            let same = outcomes[start..end].iter().all(|o| o == &outcomes[end - 1]);
+            if same {
+                self.finish_turn(channel, &batch[start..end], &outcomes[end - 1])
+                    .await;
+            } else {
+                for (c, outcome) in batch[start..end].iter().zip(&outcomes[start..end]) {
+                    self.finish_turn(channel, std::slice::from_ref(c), outcome).await;
                 }
-                Outcome::Failed { code, message } => {
-                    finish_body(d, WireOutcome::Failed, Some(code), Some(message))
-                }
-            };
-            metrics::counter!(crate::telemetry::TURNS, "outcome" => body.outcome.as_str()).increment(1);
-            self.finish(d, &c.lease, body).await;
+            }
+            start = end;
+        }
+        // Mentions of a conversation that arrived during the turn waited
+        // for it to end: claim them now rather than at the next poll.
+        if batch.iter().any(|c| !c.item.delivery.conversation.is_empty()) {
+            self.poll().await;
+        }
+    }
+
+    /// Finishes the deliveries of one claim (`group`, one token) with
+    /// `outcome`: the last with the reply, the rest as its turn.
+    async fn finish_turn(&self, channel: &str, group: &[Claimed], outcome: &Outcome) {
+        let Some((last, rest)) = group.split_last() else {
+            return;
+        };
+        let d = &last.item.delivery;
+        let mut body = match outcome.clone() {
+            Outcome::Delivered(text) => FinishRequest {
+                reply: text.and_then(|t| self.reply_event(channel, &last.item.message, &t)),
+                ..finish_body(d, WireOutcome::Delivered, None, None)
+            },
+            Outcome::Retry(why) | Outcome::Interrupted(why) => {
+                finish_body(d, WireOutcome::Retry, None, Some(why))
+            }
+            Outcome::Failed { code, message } => {
+                finish_body(d, WireOutcome::Failed, Some(code), Some(message))
+            }
+        };
+        body.turn = rest.iter().map(|c| c.item.delivery.id.clone()).collect();
+        metrics::counter!(crate::telemetry::TURNS, "outcome" => body.outcome.as_str()).increment(1);
+        self.finish(d, &last.lease, body).await;
+        for c in rest {
+            c.lease.done.cancel();
         }
     }
 

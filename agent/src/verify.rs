@@ -45,7 +45,13 @@ pub struct Wake {
     pub run_id: String,
     pub step_id: String,
     pub message_event_id: String,
+    /// How long until its row is due (a mention waits out the
+    /// conversation's debounce), at most [`MAX_DUE_IN_SECS`].
+    pub due_in_secs: u64,
 }
+
+/// The longest wait a wake's `due-in` may ask for before its claim.
+pub const MAX_DUE_IN_SECS: u64 = 60;
 
 impl Wake {
     /// The `expected` bindings of a claim by id.
@@ -88,6 +94,10 @@ pub fn check_wake(ev: &Event, trust: &Trust) -> Result<Wake, Failure> {
     ) else {
         return fail("wake_invalid", "wake lacks a binding tag or repeats one");
     };
+    let due_in_secs = single(ev, "due-in")
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(0)
+        .min(MAX_DUE_IN_SECS);
     Ok(Wake {
         delivery_id: delivery.into(),
         channel: channel.into(),
@@ -95,6 +105,7 @@ pub fn check_wake(ev: &Event, trust: &Trust) -> Result<Wake, Failure> {
         run_id: run.into(),
         step_id: step.into(),
         message_event_id: msg.into(),
+        due_in_secs,
     })
 }
 
@@ -452,6 +463,8 @@ mod tests {
             revision: 0,
             traceparent: None,
             source: Default::default(),
+            conversation: String::new(),
+            turn: Vec::new(),
         };
         World {
             relay,
@@ -596,6 +609,7 @@ mod tests {
             run_id: "r9".into(),
             step_id: "s".into(),
             message_event_id: w.d.message_event_id.clone(),
+            due_in_secs: 0,
         };
         assert_eq!(
             code(verify(&w.d, Some(&wake), Some(&w.def), Some(&w.msg), &t)),

@@ -46,6 +46,10 @@ pub enum MentionStatus {
 /// `run_id` and `definition_event_id` are the message's id.
 pub const MENTION_STEP: &str = "mention";
 
+/// Most deliveries one claim takes as a turn: the first due rows of the
+/// claimed row's conversation, oldest message first.
+pub const MAX_TURN_DELIVERIES: usize = 16;
+
 /// What an agent says of an attempt when it finishes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -251,6 +255,29 @@ pub struct ClaimedDelivery {
     /// What made it (absent: a workflow's step).
     #[serde(default)]
     pub source: DeliverySource,
+    /// The conversation a mention belongs to (its channel, or
+    /// `<channel>/<root event id>` in a thread); absent for a workflow's.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub conversation: String,
+    /// The other deliveries this claim took with it: the due mentions of
+    /// the same conversation, oldest message first, under the same token
+    /// and lease. The agent answers them as one turn and finishes them
+    /// together (`FinishRequest::turn`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub turn: Vec<TurnPart>,
+}
+
+/// A delivery claimed with another as one turn: what differs from the
+/// claimed row (its token, lease, channel, target and source are the same).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnPart {
+    pub id: String,
+    pub run_id: String,
+    pub definition_event_id: String,
+    pub message_event_id: String,
+    pub attempt: u32,
+    pub expires_at: i64,
+    pub trigger_context: Value,
 }
 
 /// The answer to a claim: the delivery, or `null` when none was due.
@@ -300,6 +327,13 @@ pub struct FinishRequest {
     /// A kind 9 by the agent in the delivery's channel, stored with the status.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reply: Option<Event>,
+    /// The other deliveries of the turn (claimed with this one, same
+    /// token), finished with the same outcome and reply in the same
+    /// transaction; at most [`MAX_TURN_DELIVERIES`]. One that is no longer
+    /// the caller's to finish (deleted, cancelled, its lease over) is left
+    /// as it is.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub turn: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -97,15 +97,16 @@ async fn claim(State(state): State<Arc<AppState>>, auth: AuthedCall) -> Response
         .store
         .claim(community, keys, auth.spend, auth.pubkey, req)
         .await;
-    let r = r.map(|(claimed, status)| {
+    let r = r.map(|(claimed, statuses)| {
         // A mention's sender is told (announced to other processes in
         // the claim's transaction).
-        if let Some((ev, raw)) = status {
+        for (ev, raw) in statuses {
             state.publish(community, Arc::new(ev), Arc::from(raw));
         }
         claimed
     });
-    if let Ok(Some(d)) = &r {
+    if let Ok(Some(turn)) = &r {
+        let d = &turn.lead;
         let span = d.span(community);
         let now = crate::clock::unix_now() as i64;
         let claim = span.child(&format!("claim:{}", d.attempt));
@@ -126,8 +127,12 @@ async fn claim(State(state): State<Arc<AppState>>, auth: AuthedCall) -> Response
             metrics::histogram!(crate::telemetry::DELIVERY_WAIT).record(waited as f64);
         }
     }
-    answer(r, |d| ClaimAnswer {
-        delivery: d.and_then(|d| d.claim_view(community)),
+    answer(r, |turn| ClaimAnswer {
+        delivery: turn.and_then(|t| {
+            let mut view = t.lead.claim_view(community)?;
+            view.turn = t.joined.iter().map(|d| d.turn_part()).collect();
+            Some(view)
+        }),
     })
 }
 

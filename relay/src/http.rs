@@ -276,7 +276,7 @@ pub fn status_of(r: &Refusal) -> StatusCode {
         | R::NotRerunnable(_)
         | R::DefinitionChanged(_) => StatusCode::CONFLICT,
         R::DefinitionMissing => StatusCode::GONE,
-        R::BadLease { .. } | R::BadName | R::BadReply(_) => StatusCode::BAD_REQUEST,
+        R::BadLease { .. } | R::BadName | R::BadReply(_) | R::TurnTooLong => StatusCode::BAD_REQUEST,
         R::TooManyOperations => StatusCode::TOO_MANY_REQUESTS,
         R::Replayed(_) => StatusCode::UNAUTHORIZED,
     }

@@ -29,6 +29,8 @@ pub enum Refusal {
     BadName,
     #[error("operation limit of this attempt reached")]
     TooManyOperations,
+    #[error("a turn finishes at most 16 deliveries")]
+    TurnTooLong,
     #[error("{0}")]
     BadReply(String),
     #[error("the agent is no longer a member of the channel")]
@@ -87,6 +89,7 @@ impl Refusal {
             Refusal::LeaseExceedsLifetime { .. } => "lease_exceeds_lifetime",
             Refusal::BadName => "bad_name",
             Refusal::TooManyOperations => "too_many_operations",
+            Refusal::TurnTooLong => "turn_too_long",
             Refusal::BadReply(_) => "bad_reply",
             Refusal::AgentNotMember | Refusal::OwnerLeft => "not_member",
             Refusal::Replayed(_) => "auth_replayed",

@@ -21,6 +21,7 @@ backend_tests!(
     a_nostr_tools_client_asks_an_agent,
     a_mention_the_agent_refuses_fails_visibly_to_its_sender,
     the_sender_sees_its_mention_queued_then_worked_on,
+    mentions_said_together_are_one_turn_and_threads_are_their_own,
 );
 
 const FAST_DELIVERIES: &str =
@@ -62,6 +63,15 @@ async fn one_agent_asked(backend: &Backend) -> (Relay, Fixture, Keys, (Keys, Cli
 async fn connected(relay: &Relay, keys: &Keys) -> Client {
     let mut c = Client::connect(&relay.ws_url()).await;
     c.auth(keys).await;
+    c
+}
+
+/// `person`'s connection subscribed (`chan`) to what `agent` says in `ops`
+/// from now on.
+async fn watching(relay: &Relay, person: &Keys, agent: &Keys) -> Client {
+    let mut c = connected(relay, person).await;
+    let filter = json!({"kinds": [9], "#h": ["ops"], "authors": [agent.public_key().to_hex()], "limit": 0});
+    c.req("chan", vec![filter]).await.events();
     c
 }
 
@@ -177,52 +187,63 @@ async fn a_mention_waits_for_its_agent_and_is_answered_once(backend: Backend) {
     oc.auth(&other).await;
     oc.publish_ok(&by_agent).await;
 
-    let mut watcher = Client::connect(&relay.ws_url()).await;
-    watcher.auth(&person).await;
-    watcher
-        .req(
-            "chan",
-            vec![json!({"kinds": [9], "#h": ["ops"], "authors": [agent.public_key().to_hex()], "limit": 0})],
-        )
-        .await
-        .events();
+    let mut watcher = watching(&relay, &person, &agent).await;
+    // A third while it is still offline: the three wait as one turn.
+    let third = mention(&person, "ops", "@agent and the changelog?", &[&agent]);
+    c.publish_ok(&third).await;
+    rows_until(&relay, &third, 1, |r| r["status"] == "pending").await;
     let _agent = echo_agent(&relay, &agent, &fx.owner);
-    let mut replies = Vec::new();
-    while replies.len() < 2 {
-        replies.push(watcher.next_event("chan").await);
-    }
-    for m in [&asked, &later] {
+    let reply = watcher.next_event("chan").await;
+    let turn = [&asked, &later, &third];
+    let last = turn.iter().max_by_key(|m| (m.created_at, m.id)).expect("three");
+    for m in turn {
         let r = rows_until(&relay, m, 1, |r| r["status"] == "delivered").await;
-        let reply = replies
-            .iter()
-            .find(|e| e.id.to_hex() == r[0]["reply_event_id"].as_str().unwrap_or_default())
-            .unwrap_or_else(|| panic!("the reply of {} was not seen live: {r:?}", m.id));
-        let root = reply
-            .tags
-            .iter()
-            .map(|t| t.as_slice())
-            .find(|t| t.len() >= 4 && t[0] == "e");
         assert_eq!(
-            root.map(|t| t[1].clone()),
-            Some(m.id.to_hex()),
-            "threaded under the mention"
+            r[0]["reply_event_id"],
+            json!(reply.id.to_hex()),
+            "one reply answers the turn"
         );
         assert!(
             reply.content.contains(&m.content),
-            "the echo answers it: {}",
+            "the echo answers {}: {}",
+            m.content,
             reply.content
         );
     }
+    assert_eq!(
+        e_tags(&reply),
+        vec![last.id.to_hex()],
+        "threaded under the turn's last message"
+    );
+    // Answered once: the next reply is the answer to the next mention.
+    let next = mention(&person, "ops", "@agent thanks!", &[&agent]);
+    c.publish_ok(&next).await;
+    let answer = watcher.next_event("chan").await;
+    assert_eq!(
+        answer.content,
+        format!("echo: {}", next.content),
+        "a second reply to the turn"
+    );
     assert!(
         rows_of(&relay, &by_agent).is_empty(),
         "an agent's mention made work"
     );
     assert_eq!(
         deliveries(&relay).len(),
-        2,
+        4,
         "one row per mention: {:?}",
         deliveries(&relay)
     );
+}
+
+/// The event ids a message's `e` tags name.
+fn e_tags(e: &Event) -> Vec<String> {
+    e.tags
+        .iter()
+        .map(|t| t.as_slice())
+        .filter(|t| t.len() >= 2 && t[0] == "e")
+        .map(|t| t[1].clone())
+        .collect()
 }
 
 async fn mentions_are_turned_on_by_the_agents_owner_or_an_admin(backend: Backend) {
@@ -568,4 +589,60 @@ async fn the_sender_sees_its_mention_queued_then_worked_on(backend: Backend) {
     let _agent = echo_agent(&relay, &agent, &fx.owner);
     expect(&sc.next_event("status").await, "working");
     rows_until(&relay, &asked, 1, |r| r["status"] == "delivered").await;
+}
+
+/// With the agent online, mentions said within the debounce are one turn
+/// (one reply), and a thread is a conversation of its own (its own turn,
+/// its reply in the thread).
+async fn mentions_said_together_are_one_turn_and_threads_are_their_own(backend: Backend) {
+    let (relay, fx, agent, (person, mut c)) = one_agent_asked(&backend).await;
+    let mut watcher = watching(&relay, &person, &agent).await;
+    let _agent = echo_agent(&relay, &agent, &fx.owner);
+    // A message that starts a thread (no mention: no work).
+    let topic = event(&person, 9, "release notes", &[&["h", "ops"]]);
+    c.publish_ok(&topic).await;
+    let first = mention(&person, "ops", "@agent is the build green?", &[&agent]);
+    let second = mention(&person, "ops", "@agent and the tests?", &[&agent]);
+    let agent_hex = agent.public_key().to_hex();
+    let topic_hex = topic.id.to_hex();
+    let in_thread = event(
+        &person,
+        9,
+        "@agent summarise this thread",
+        &[&["h", "ops"], &["e", &topic_hex, "", "root"], &["p", &agent_hex]],
+    );
+    for m in [&first, &second, &in_thread] {
+        c.publish_ok(m).await;
+    }
+    let replies = [watcher.next_event("chan").await, watcher.next_event("chan").await];
+    let channel_reply = replies
+        .iter()
+        .find(|r| r.content.contains(&first.content))
+        .unwrap_or_else(|| panic!("no reply to the channel's turn: {replies:?}"));
+    assert!(
+        channel_reply.content.contains(&second.content),
+        "one turn: {}",
+        channel_reply.content
+    );
+    assert!(
+        !channel_reply.content.contains(&in_thread.content),
+        "the thread is its own turn"
+    );
+    let last = [&first, &second]
+        .into_iter()
+        .max_by_key(|m| (m.created_at, m.id))
+        .expect("two");
+    assert_eq!(e_tags(channel_reply), vec![last.id.to_hex()]);
+    let thread_reply = replies
+        .iter()
+        .find(|r| r.content == format!("echo: {}", in_thread.content))
+        .unwrap_or_else(|| panic!("no reply in the thread: {replies:?}"));
+    assert_eq!(
+        e_tags(thread_reply),
+        vec![topic_hex, in_thread.id.to_hex()],
+        "answered in its thread (root, then reply)"
+    );
+    for m in [&first, &second, &in_thread] {
+        rows_until(&relay, m, 1, |r| r["status"] == "delivered").await;
+    }
 }

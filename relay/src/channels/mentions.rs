@@ -75,12 +75,12 @@ pub async fn on_message(
         let Ok(target) = PublicKey::from_slice(target) else {
             continue;
         };
-        published.push(wake(keys, &target, channel, id, &message, now));
         let place = Place {
             channel,
             message: &message,
             sender: &sender,
         };
+        published.push(wake(keys, &target, &place, id, cfg, now));
         published.push(status(
             keys,
             &place,
@@ -279,7 +279,7 @@ async fn insert_rows(
     cfg: &DeliveryConfig,
     now: i64,
 ) -> Result<Vec<[u8; 32]>, StoreError> {
-    const COLS: usize = 20;
+    const COLS: usize = 21;
     if rows.is_empty() {
         return Ok(Vec::new());
     }
@@ -287,9 +287,11 @@ async fn insert_rows(
         "INSERT INTO workflow_agent_deliveries (community_id, id, workflow_id, run_id, step_id, \
          target_pubkey, channel, definition_event_id, message_event_id, message_created_at, status, \
          attempt, max_attempts, next_attempt_at, expires_at, trigger_context, execution_trace, \
-         created_at, updated_at, source) VALUES ",
+         created_at, updated_at, source, conversation) VALUES ",
     );
     let expires = now.saturating_add(i64::try_from(cfg.lifetime_secs).unwrap_or(i64::MAX));
+    let due = now.saturating_add(i64::from(cfg.mention_debounce_secs));
+    let conversation = conversation_of(event, channel);
     let id = event.id.to_hex();
     let context = json!({
         "text": event.content,
@@ -316,13 +318,14 @@ async fn insert_rows(
             .bind(DeliveryStatus::Pending.as_str())
             .bind(0_i64)
             .bind(i64::from(cfg.max_attempts))
-            .bind(now)
+            .bind(due)
             .bind(expires)
             .bind(context.as_str())
             .bind("[]")
             .bind(now)
             .bind(now)
-            .bind(DeliverySource::Mention.as_str());
+            .bind(DeliverySource::Mention.as_str())
+            .bind(conversation.as_str());
     }
     debug_assert_eq!(q.binds.len(), rows.len() * COLS);
     q.sql.push_str(
@@ -331,16 +334,42 @@ async fn insert_rows(
     tx.all(q).await?.iter().map(|r| r.id32(0)).collect()
 }
 
-/// The wake hint of a new mention row (docs/protocol.md, "Wake hints").
+/// The conversation a message in `channel` belongs to: its thread
+/// (`<channel>/<root id>`) when it replies (NIP-10: the `e` tag marked
+/// `root`, else its first `e` tag), else the channel.
+fn conversation_of(event: &Event, channel: &str) -> String {
+    let e_tags = || {
+        event
+            .tags
+            .iter()
+            .map(|t| t.as_slice())
+            .filter(|t| t.len() >= 2 && t[0] == "e" && t[1].len() == 64)
+    };
+    let root = e_tags()
+        .find(|t| t.get(3).is_some_and(|m| m == "root"))
+        .or_else(|| e_tags().next());
+    match root {
+        Some(t) => format!("{channel}/{}", t[1].to_ascii_lowercase()),
+        None => channel.to_string(),
+    }
+}
+
+/// The wake hint of a new mention row (docs/protocol.md, "Wake hints"):
+/// its row is due after the debounce, which the wake says (`due-in`).
 fn wake(
     keys: &Keys,
     target: &PublicKey,
-    channel: &str,
+    place: &Place<'_>,
     id: &str,
-    message: &str,
+    cfg: &DeliveryConfig,
     now: i64,
 ) -> (Event, String) {
-    let tags = protocol::workflow::wake_tags(target, channel, id, message, message, MENTION_STEP, message);
+    let message = place.message;
+    let mut tags =
+        protocol::workflow::wake_tags(target, place.channel, id, message, message, MENTION_STEP, message);
+    if cfg.mention_debounce_secs > 0 {
+        tags.push(Tag::custom("due-in", [cfg.mention_debounce_secs.to_string()]));
+    }
     ephemeral(keys, protocol::kinds::WAKE_HINT, tags, now)
 }
 

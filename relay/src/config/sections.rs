@@ -113,6 +113,10 @@ pub struct DeliveryConfig {
     /// Mentions one agent takes from one sender in the last hour (0: no
     /// cap of its own).
     pub mentions_per_sender_per_hour: u32,
+    /// How long a conversation must be quiet before an agent may claim
+    /// its mentions as one turn (seconds, by the database clock; 0: at
+    /// once). A mention's row is due this long after it is stored.
+    pub mention_debounce_secs: u32,
 }
 
 impl Default for DeliveryConfig {
@@ -132,6 +136,7 @@ impl Default for DeliveryConfig {
             mentions_per_hour: 120,
             mentions_per_day: 1_000,
             mentions_per_sender_per_hour: 0,
+            mention_debounce_secs: 2,
         }
     }
 }

@@ -14,6 +14,7 @@ use crate::delivery::machine::{Claimable, Event as On, Transition, CLAIM_RULE};
 use crate::faults;
 use crate::persistence::db::{Dialect, Tx, Q};
 use crate::persistence::StoreError;
+use protocol::api::MAX_TURN_DELIVERIES;
 
 use super::rows::{delivery, load, Delivery, COLS};
 pub use crate::refusal::{Answer, Refusal};
@@ -65,9 +66,10 @@ enum Reach {
     ByPendingIndex,
 }
 
-/// The `WHERE` conditions of [`CLAIM_RULE`], clause by clause: the claim
-/// statements' only statement of the rule the machine decides with.
-fn claim_sql(b: &ClaimBinds, reach: Reach) -> String {
+/// The `WHERE` conditions of `rule` ([`CLAIM_RULE`], or the part of it a
+/// row joining a turn must meet, [`JOIN_RULE`]), clause by clause: the
+/// claim statements' only statement of the rule the machine decides with.
+fn claim_sql(rule: &[Claimable], b: &ClaimBinds, reach: Reach) -> String {
     let clause = |c: Claimable| match c {
         Claimable::Target => format!("target_pubkey = {}", b.caller),
         Claimable::Pending => match reach {
@@ -86,12 +88,51 @@ fn claim_sql(b: &ClaimBinds, reach: Reach) -> String {
             held_by("target_pubkey"),
             cap = b.agent_cap
         ),
+        Claimable::ConversationFree => {
+            let row = "workflow_agent_deliveries";
+            format!(
+                "({row}.conversation = '' OR NOT EXISTS (SELECT 1 FROM {row} talk WHERE {}))",
+                talk_of(
+                    &format!("{row}.community_id"),
+                    &format!("{row}.target_pubkey"),
+                    &format!("{row}.conversation"),
+                    &format!("{row}.id"),
+                    b.now
+                )
+            )
+        }
     };
-    CLAIM_RULE.map(clause).join(" AND ")
+    rule.iter().map(|c| clause(*c)).collect::<Vec<_>>().join(" AND ")
+}
+
+/// The clauses a row joining another's turn must meet (the claimed row
+/// met all of [`CLAIM_RULE`]; a mention has no workflow cap, and the
+/// turn is one claim of its agent's and holds its conversation).
+const JOIN_RULE: [Claimable; 5] = [
+    Claimable::Target,
+    Claimable::Pending,
+    Claimable::Due,
+    Claimable::LeaseFits,
+    Claimable::NotRevising,
+];
+
+/// The rows (alias `talk`) that keep a conversation from being claimed
+/// (SQL expressions for the row's community, agent, conversation and id,
+/// and the clock): another row of it that is claimed (a turn holds it) or
+/// pending but not yet due (it waits out its debounce, or a backoff).
+fn talk_of(community: &str, target: &str, conversation: &str, id: &str, now: &str) -> String {
+    format!(
+        "talk.community_id = {community} AND talk.target_pubkey = {target} AND talk.conversation = {conversation} \
+         AND talk.conversation <> '' AND talk.status IN ('pending', 'claimed') AND talk.id <> {id} \
+         AND (talk.status = 'claimed' OR talk.next_attempt_at > {now})"
+    )
 }
 
 /// The claimed rows that share the claimed row's `column` (its workflow,
 /// its agent) in its community, counted through `deliveries_in_flight`.
+/// (A turn's rows count each: the rows that join a claimed row's turn
+/// are not held back by the agent's cap, at most
+/// `MAX_TURN_DELIVERIES` - 1 of them.)
 fn held_by(column: &str) -> String {
     let row = "workflow_agent_deliveries";
     held_like(&format!("{row}.community_id"), column, &format!("{row}.{column}"))
@@ -112,6 +153,7 @@ fn held_like(community: &str, column: &str, value: &str) -> String {
 /// cap.
 static CLAIM_AS_EXPECTED: LazyLock<String> = LazyLock::new(|| {
     let rule = claim_sql(
+        &CLAIM_RULE,
         &ClaimBinds {
             caller: "$7",
             now: "$6",
@@ -120,9 +162,11 @@ static CLAIM_AS_EXPECTED: LazyLock<String> = LazyLock::new(|| {
         },
         Reach::ByKey,
     );
+    // A mention's row (a conversation) is claimed with its turn, from the
+    // loaded row (`claim_named`).
     format!(
         "UPDATE workflow_agent_deliveries {CLAIM_SET} WHERE community_id = $1 AND id = $2 AND {rule} \
-         AND run_id = $8 AND step_id = $9 AND channel = $10 AND definition_event_id = $11 \
+         AND conversation = '' AND run_id = $8 AND step_id = $9 AND channel = $10 AND definition_event_id = $11 \
          AND message_event_id = $12 RETURNING {COLS}"
     )
 });
@@ -134,6 +178,7 @@ static CLAIM_AS_EXPECTED: LazyLock<String> = LazyLock::new(|| {
 /// its pending rows in the caller's backlog).
 fn claim_oldest_sql(skip: &str) -> String {
     let rule = claim_sql(
+        &CLAIM_RULE,
         &ClaimBinds {
             caller: "$2",
             now: "$6",
@@ -144,19 +189,66 @@ fn claim_oldest_sql(skip: &str) -> String {
     );
     format!(
         "UPDATE workflow_agent_deliveries {CLAIM_SET} WHERE community_id = $1 AND {IS_PENDING} AND id = (\
-         SELECT id FROM workflow_agent_deliveries WHERE community_id = $1 AND {rule} \
+         SELECT id FROM workflow_agent_deliveries WHERE community_id = $1 AND {rule} AND conversation = '' \
          {CLAIM_ORDER} LIMIT 1{skip}) RETURNING {COLS}"
+    )
+}
+
+/// The caller's first claimable mention (a row with a conversation), read
+/// to be claimed with its turn: `$1` community, `$2` caller, `$3` the
+/// clock, `$4` the lease's end, `$5` the agent cap; `{skip}` as in
+/// [`claim_oldest_sql`].
+fn oldest_turn_sql(skip: &str) -> String {
+    let rule = claim_sql(
+        &CLAIM_RULE,
+        &ClaimBinds {
+            caller: "$2",
+            now: "$3",
+            lease_end: "$4",
+            agent_cap: "$5",
+        },
+        Reach::ByPendingIndex,
+    );
+    format!(
+        "SELECT id FROM workflow_agent_deliveries WHERE community_id = $1 AND {rule} AND conversation <> '' \
+         {CLAIM_ORDER} LIMIT 1{skip}"
     )
 }
 
 static CLAIM_OLDEST_SQLITE: LazyLock<String> = LazyLock::new(|| claim_oldest_sql(""));
 static CLAIM_OLDEST_POSTGRES: LazyLock<String> =
     LazyLock::new(|| claim_oldest_sql(" FOR UPDATE SKIP LOCKED"));
+static OLDEST_TURN_SQLITE: LazyLock<String> = LazyLock::new(|| oldest_turn_sql(""));
+static OLDEST_TURN_POSTGRES: LazyLock<String> = LazyLock::new(|| oldest_turn_sql(" FOR UPDATE SKIP LOCKED"));
+
+/// What one claim took: the claimed row and, for a mention, the due rows
+/// of its conversation it took with it (same token and lease), oldest
+/// first: a turn.
+#[derive(Debug)]
+pub struct Turn {
+    pub lead: Delivery,
+    pub joined: Vec<Delivery>,
+}
+
+impl Turn {
+    fn alone(lead: Delivery) -> Self {
+        Turn {
+            lead,
+            joined: Vec::new(),
+        }
+    }
+
+    /// Every row of the turn, the claimed one first.
+    pub fn rows(&self) -> impl Iterator<Item = &Delivery> {
+        std::iter::once(&self.lead).chain(&self.joined)
+    }
+}
 
 /// Claims a delivery: the one named (with its expected bindings), or the
-/// oldest due one of the caller. `Ok(None)` is "nothing to claim" (no change).
+/// oldest due one of the caller, with its turn. `Ok(None)` is "nothing to
+/// claim" (no change).
 ///
-/// Its one write is its last statement, and every refusal comes before it
+/// Every refusal comes before its first write, and no refusal after it
 /// (the call writer runs it without a savepoint on SQLite: `group.rs`).
 pub async fn claim(
     tx: &mut Tx<'_>,
@@ -164,7 +256,7 @@ pub async fn claim(
     caller: &PublicKey,
     req: &ClaimRequest,
     cfg: &DeliveryConfig,
-) -> Answer<Option<Delivery>> {
+) -> Answer<Option<Turn>> {
     let lease = lease_of(req.lease_seconds, cfg)?;
     let now = tx.now().await?;
     // Test-only: a claim that fails in the database (see `group::run_batch`).
@@ -176,13 +268,46 @@ pub async fn claim(
         now,
         agent_cap: cfg.agent_cap(),
     };
-    let Some(id) = &req.delivery_id else {
-        return Ok(claim_oldest(tx, community, caller, &grant).await?);
-    };
-    if let Some(d) = claim_as_expected(tx, community, caller, id, req.expected.as_ref(), &grant).await? {
-        return Ok(Some(d));
+    match &req.delivery_id {
+        None => claim_first(tx, community, caller, lease, &grant).await,
+        Some(id) => claim_by_name(tx, community, caller, id, req.expected.as_ref(), lease, &grant).await,
     }
-    claim_named(tx, community, caller, id, req.expected.as_ref(), lease, &grant).await
+}
+
+/// A claim without a name: the caller's first claimable row with no
+/// conversation (one statement), else its first claimable mention with
+/// its turn.
+async fn claim_first(
+    tx: &mut Tx<'_>,
+    community: &str,
+    caller: &PublicKey,
+    lease: i64,
+    grant: &Grant,
+) -> Answer<Option<Turn>> {
+    if let Some(d) = claim_oldest(tx, community, caller, grant).await? {
+        return Ok(Some(Turn::alone(d)));
+    }
+    let Some(id) = oldest_turn(tx, community, caller, grant).await? else {
+        return Ok(None);
+    };
+    claim_named(tx, community, caller, &id, None, lease, grant).await
+}
+
+/// A claim of a named row: in one statement when it is bound as expected
+/// and has no conversation, else from the loaded row.
+async fn claim_by_name(
+    tx: &mut Tx<'_>,
+    community: &str,
+    caller: &PublicKey,
+    id: &str,
+    expected: Option<&Expected>,
+    lease: i64,
+    grant: &Grant,
+) -> Answer<Option<Turn>> {
+    if let Some(d) = claim_as_expected(tx, community, caller, id, expected, grant).await? {
+        return Ok(Some(Turn::alone(d)));
+    }
+    claim_named(tx, community, caller, id, expected, lease, grant).await
 }
 
 /// What a claim grants: the new token and lease.
@@ -244,7 +369,10 @@ async fn claim_as_expected(
 }
 
 /// A named claim, from the loaded row: the machine decides, and the
-/// expected bindings must match.
+/// expected bindings must match. A mention's row is claimed with its
+/// turn, while its conversation is free; a claim that finds another
+/// taking the same conversation at this moment (PostgreSQL, another
+/// process) claims nothing.
 async fn claim_named(
     tx: &mut Tx<'_>,
     community: &str,
@@ -253,7 +381,7 @@ async fn claim_named(
     expected: Option<&Expected>,
     lease: i64,
     grant: &Grant,
-) -> Answer<Option<Delivery>> {
+) -> Answer<Option<Turn>> {
     let d = load(tx, community, id).await?.ok_or(Refusal::NoDelivery)?;
     let asked = On::Claim {
         is_target: d.for_caller(caller),
@@ -263,16 +391,27 @@ async fn claim_named(
     // compared (the caller learns nothing of its bindings).
     let mut state = d.state();
     state.in_flight = in_flight(tx, community, &d, grant.agent_cap).await?;
-    let decided = machine::transition(&state, asked, grant.now);
+    let mut decided = machine::transition(&state, asked, grant.now);
     if let Err(r @ (Refusal::NotTarget | Refusal::Cancelled)) = decided {
         return Err(r.into());
     }
     if expected.is_some_and(|e| !d.bound_as(e)) {
         return Ok(None);
     }
+    let in_turn = !d.conversation.is_empty();
+    if in_turn && matches!(decided, Ok(Transition::Claim { .. })) {
+        if !tx.try_lock(&turn_key(community, &d)).await? {
+            return Ok(None);
+        }
+        state.conversation_busy = conversation_busy(tx, community, &d, grant.now).await?;
+        decided = machine::transition(&state, asked, grant.now);
+    }
     match decided? {
         Transition::NotDue => return Ok(None),
         t => debug_assert!(matches!(t, Transition::Claim { .. }), "{t:?}"),
+    }
+    if in_turn {
+        return Ok(claim_turn(tx, community, &d, grant).await?);
     }
     let q = Q::new(format!(
         "UPDATE workflow_agent_deliveries {CLAIM_SET} WHERE community_id = $1 AND id = $2 AND {IS_PENDING} \
@@ -280,7 +419,110 @@ async fn claim_named(
     ))
     .bind(community)
     .bind(id);
-    Ok(tx.one(grant.bind(q)).await?.as_ref().map(delivery).transpose()?)
+    let claimed = tx.one(grant.bind(q)).await?.as_ref().map(delivery).transpose()?;
+    Ok(claimed.map(Turn::alone))
+}
+
+/// The lock one claim of a conversation holds while it decides and takes
+/// the turn (PostgreSQL: two processes of one agent never take one
+/// conversation at once).
+fn turn_key(community: &str, d: &Delivery) -> String {
+    format!("turn:{community}:{}:{}", hex::encode(d.target), d.conversation)
+}
+
+/// Whether another row of `d`'s conversation holds it: claimed, or
+/// pending but not yet due (the conversation is still speaking).
+async fn conversation_busy(
+    tx: &mut Tx<'_>,
+    community: &str,
+    d: &Delivery,
+    now: i64,
+) -> Result<bool, StoreError> {
+    static BUSY: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "SELECT 1 FROM workflow_agent_deliveries talk WHERE {} LIMIT 1",
+            talk_of("$1", "$2", "$3", "$4", "$5")
+        )
+    });
+    let q = Q::new(BUSY.as_str())
+        .bind(community)
+        .bind(d.target.to_vec())
+        .bind(d.conversation.as_str())
+        .bind(d.id.as_str())
+        .bind(now);
+    tx.exists(q).await
+}
+
+/// Claims `d` (claimable, its conversation free and locked) with the due
+/// rows of its conversation, up to [`MAX_TURN_DELIVERIES`] in all, oldest
+/// message first, in one statement.
+async fn claim_turn(
+    tx: &mut Tx<'_>,
+    community: &str,
+    d: &Delivery,
+    grant: &Grant,
+) -> Result<Option<Turn>, StoreError> {
+    static TURN: LazyLock<String> = LazyLock::new(|| {
+        let joins = claim_sql(
+            &JOIN_RULE,
+            &ClaimBinds {
+                caller: "$2",
+                now: "$6",
+                lease_end: "$4",
+                agent_cap: "0",
+            },
+            Reach::ByPendingIndex,
+        );
+        format!(
+            "UPDATE workflow_agent_deliveries {CLAIM_SET} WHERE community_id = $1 AND {IS_PENDING} AND id IN (\
+             SELECT id FROM workflow_agent_deliveries WHERE community_id = $1 AND (id = $7 OR (conversation = $8 \
+             AND {joins})) ORDER BY CASE WHEN id = $7 THEN 0 ELSE 1 END, message_created_at, created_at, id \
+             LIMIT $9) RETURNING {COLS}"
+        )
+    });
+    let limit = i64::try_from(MAX_TURN_DELIVERIES).unwrap_or(1);
+    let q = Q::new(TURN.as_str()).bind(community).bind(d.target.to_vec());
+    let q = grant
+        .bind(q)
+        .bind(d.id.as_str())
+        .bind(d.conversation.as_str())
+        .bind(limit);
+    let mut rows = tx
+        .all(q)
+        .await?
+        .iter()
+        .map(delivery)
+        .collect::<Result<Vec<_>, _>>()?;
+    rows.sort_by(|a, b| (a.id != d.id, a.created_at, &a.id).cmp(&(b.id != d.id, b.created_at, &b.id)));
+    let mut rows = rows.into_iter();
+    Ok(rows.next().map(|lead| {
+        debug_assert_eq!(lead.id, d.id, "the loaded row is held");
+        Turn {
+            lead,
+            joined: rows.collect(),
+        }
+    }))
+}
+
+/// The caller's first claimable mention, read (and held, on PostgreSQL)
+/// to be claimed with its turn.
+async fn oldest_turn(
+    tx: &mut Tx<'_>,
+    community: &str,
+    caller: &PublicKey,
+    grant: &Grant,
+) -> Result<Option<String>, StoreError> {
+    let sql = match tx.dialect() {
+        Dialect::Postgres => OLDEST_TURN_POSTGRES.as_str(),
+        Dialect::Sqlite => OLDEST_TURN_SQLITE.as_str(),
+    };
+    let q = Q::new(sql)
+        .bind(community)
+        .bind(caller.to_bytes())
+        .bind(grant.now)
+        .bind(grant.claim_expires_at)
+        .bind(grant.agent_cap.unwrap_or(0));
+    tx.one(q).await?.map(|r| r.text("id")).transpose()
 }
 
 /// The caller's oldest due row (rows another claim holds are skipped on
@@ -311,6 +553,7 @@ pub async fn next_claimable(
 ) -> Result<Option<Delivery>, StoreError> {
     static NEXT: LazyLock<String> = LazyLock::new(|| {
         let rule = claim_sql(
+            &CLAIM_RULE,
             &ClaimBinds {
                 caller: "$2",
                 now: "$3",
@@ -385,7 +628,7 @@ mod claim_rule {
     //! The claim rule said once: every status, every way a row can be due
     //! or not and every cap, through the machine (with the counts it loads)
     //! and through both claim statements on a real SQLite file.
-    use super::{claim_as_expected, claim_named, claim_oldest, machine, Grant, On, Transition};
+    use super::{claim_by_name, claim_first, claim_named, machine, Grant, On, Transition};
     use crate::persistence::db::{Tx, Q};
     use crate::persistence::sqlite;
     use crate::persistence::OpenMode;
@@ -414,6 +657,20 @@ mod claim_rule {
         expires_at: i64,
         revising: bool,
         caps: Caps,
+        talk: Talk,
+    }
+
+    /// The case's row's conversation, and what else of it is open.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Talk {
+        /// A workflow's row: no conversation.
+        Alone,
+        /// A mention with nothing else open in its conversation.
+        Quiet,
+        /// Another row of its conversation is claimed (a turn holds it).
+        Held,
+        /// Another row of it is pending, not yet due (its debounce).
+        Speaking,
     }
 
     /// The caps a case's row is under, and whether one claimed row of the
@@ -460,15 +717,24 @@ mod claim_rule {
                 for next_attempt_at in [NOW - 1, NOW, NOW + 1] {
                     for expires_at in [NOW - 1, NOW, NOW + LEASE - 1, NOW + LEASE, NOW + 1_000] {
                         for revising in [false, true] {
-                            for caps in CAPS {
-                                out.push(Case {
-                                    status,
-                                    is_target,
-                                    next_attempt_at,
-                                    expires_at,
-                                    revising,
-                                    caps,
-                                });
+                            for (k, caps) in CAPS.into_iter().enumerate() {
+                                // Conversations under no cap: a mention has none.
+                                let talks: &[Talk] = if k == 0 {
+                                    &[Talk::Alone, Talk::Quiet, Talk::Held, Talk::Speaking]
+                                } else {
+                                    &[Talk::Alone]
+                                };
+                                for &talk in talks {
+                                    out.push(Case {
+                                        status,
+                                        is_target,
+                                        next_attempt_at,
+                                        expires_at,
+                                        revising,
+                                        caps,
+                                        talk,
+                                    });
+                                }
                             }
                         }
                     }
@@ -495,6 +761,7 @@ mod claim_rule {
                 agent: i64::from(c.caps.held),
                 agent_cap: c.caps.agent,
             },
+            conversation_busy: matches!(c.talk, Talk::Held | Talk::Speaking),
         };
         let asked = On::Claim {
             is_target: c.is_target,
@@ -511,8 +778,8 @@ mod claim_rule {
             "INSERT INTO workflow_agent_deliveries (community_id, id, workflow_id, run_id, step_id, \
              target_pubkey, channel, definition_event_id, message_event_id, message_created_at, status, \
              attempt, max_attempts, claim_token, claim_expires_at, next_attempt_at, expires_at, \
-             trigger_context, execution_trace, created_at, updated_at, output_errors, concurrency) \
-             VALUES ($1, 'd', 'w', 'r', 's', $2, 'ch', $3, $4, 1, $5, 1, 3, $6, $7, $8, $9, '{}', '[]', 1, 1, $10, $11)",
+             trigger_context, execution_trace, created_at, updated_at, output_errors, concurrency, conversation) \
+             VALUES ($1, 'd', 'w', 'r', 's', $2, 'ch', $3, $4, 1, $5, 1, 3, $6, $7, $8, $9, '{}', '[]', 1, 1, $10, $11, $12)",
         )
         .bind(community)
         .bind(target.to_bytes())
@@ -524,8 +791,33 @@ mod claim_rule {
         .bind(c.next_attempt_at)
         .bind(c.expires_at)
         .bind(crate::persistence::sql::Bind::OptText(c.revising.then(|| "refused".to_string())))
-        .bind(crate::persistence::sql::Bind::OptInt(c.caps.workflow));
+        .bind(crate::persistence::sql::Bind::OptInt(c.caps.workflow))
+        .bind(if c.talk == Talk::Alone { "" } else { "ch" });
         tx.exec(q).await.expect("insert");
+        if matches!(c.talk, Talk::Held | Talk::Speaking) {
+            let (status, token, due) = match c.talk {
+                Talk::Held => ("claimed", Some("other".to_string()), NOW - 5),
+                _ => ("pending", None, NOW + 5),
+            };
+            let q = Q::new(
+                "INSERT INTO workflow_agent_deliveries (community_id, id, workflow_id, run_id, step_id, \
+                 target_pubkey, channel, definition_event_id, message_event_id, message_created_at, status, \
+                 attempt, max_attempts, claim_token, claim_expires_at, next_attempt_at, expires_at, \
+                 trigger_context, execution_trace, created_at, updated_at, conversation) \
+                 VALUES ($1, 'talk', '', 'r', 'talk', $2, 'ch', $3, $4, 1, $5, 1, 3, $6, $7, $8, $9, \
+                 '{}', '[]', 0, 0, 'ch')",
+            )
+            .bind(community)
+            .bind(target.to_bytes())
+            .bind(vec![1u8; 32])
+            .bind(vec![4u8; 32])
+            .bind(status)
+            .bind(crate::persistence::sql::Bind::OptText(token))
+            .bind((c.talk == Talk::Held).then_some(NOW + 5))
+            .bind(due)
+            .bind(NOW + 1_000);
+            tx.exec(q).await.expect("insert the conversation's other row");
+        }
         if c.caps.held {
             let q = Q::new(
                 "INSERT INTO workflow_agent_deliveries (community_id, id, workflow_id, run_id, step_id, \
@@ -585,10 +877,18 @@ mod claim_rule {
             insert(&mut tx, &named, &target, case).await;
             insert(&mut tx, &oldest, &target, case).await;
             insert(&mut tx, &loaded, &target, case).await;
-            let by_id = claim_as_expected(&mut tx, &named, &caller, "d", Some(&expected), &grant(case))
-                .await
-                .expect("claim by id");
-            let by_age = claim_oldest(&mut tx, &oldest, &caller, &grant(case))
+            let by_id = claim_by_name(
+                &mut tx,
+                &named,
+                &caller,
+                "d",
+                Some(&expected),
+                LEASE,
+                &grant(case),
+            )
+            .await
+            .unwrap_or(None);
+            let by_age = claim_first(&mut tx, &oldest, &caller, LEASE, &grant(case))
                 .await
                 .expect("claim oldest");
             // The machine's own path, with the counts it loads.
@@ -596,7 +896,10 @@ mod claim_rule {
                 .await
                 .unwrap_or(None);
             for (path, got) in [("by id", by_id), ("oldest", by_age), ("loaded", by_machine)] {
-                let got = got.map(|d| Transition::Claim {
+                if let Some(turn) = &got {
+                    assert!(turn.joined.is_empty(), "{path}: nothing else is due in {case:?}");
+                }
+                let got = got.map(|t| t.lead).map(|d| Transition::Claim {
                     attempt: d.attempt,
                     claim_expires_at: d.claim_expires_at.expect("a lease"),
                 });
@@ -605,7 +908,8 @@ mod claim_rule {
             claimed += usize::from(decided.is_some());
         }
         // Due, alive with room for the lease, pending, the caller's: 2 x 2,
-        // under no cap, or under caps with room (3 of the 5 cap cases).
-        assert_eq!(claimed, 4 * 3);
+        // under no cap, or under caps with room (3 of the 5 cap cases), and
+        // a mention alone in its conversation.
+        assert_eq!(claimed, 4 * 3 + 4);
     }
 }

@@ -6,7 +6,9 @@
 //! channel, in the transaction that makes the transition (so exactly once).
 
 use nostr::prelude::{Event, Keys, PublicKey, Tag};
-use protocol::api::{DeliverySource, DeliveryStatus as Status, OperationRequest, Outcome, RenewRequest};
+use protocol::api::{
+    DeliverySource, DeliveryStatus as Status, OperationRequest, Outcome, RenewRequest, MAX_TURN_DELIVERIES,
+};
 
 use crate::config::DeliveryConfig;
 use crate::delivery::machine;
@@ -242,6 +244,9 @@ pub async fn finish(
     req: &FinishRequest,
     cfg: &DeliveryConfig,
 ) -> Answer<Finished> {
+    if req.turn.len() >= MAX_TURN_DELIVERIES {
+        return Err(Refusal::TurnTooLong.into());
+    }
     let now = tx.now().await?;
     let Some((d, member)) = load_with_membership(tx, community, id).await? else {
         return Err(Refusal::NoDelivery.into());
@@ -286,8 +291,13 @@ pub async fn finish(
     published.extend(applied.notice);
     let status = applied.status;
     record_finish(tx, community, id, req, status, reply_id, now).await?;
+    let joined = finish_joined(tx, community, keys, caller, req, reply_id, cfg, now).await?;
+    published.extend(joined.iter().flat_map(|(_, _, notice)| notice.clone()));
     faults::check("finish:after_status")?;
-    let spans = finish_spans(community, &d, req.outcome, status, now);
+    let mut spans = finish_spans(community, &d, req.outcome, status, now);
+    for (j, to, _) in &joined {
+        spans.extend(finish_spans(community, j, req.outcome, *to, now));
+    }
     Ok(Finished {
         status,
         published,
@@ -296,6 +306,52 @@ pub async fn finish(
         spans,
         freed_slot: d.concurrency.is_some() || cfg.agent_cap().is_some(),
     })
+}
+
+/// The other rows of the finished row's turn (`req.turn`), finished with
+/// the same outcome and reply: each as the machine decides for it, and
+/// one no longer the caller's to finish (gone with its message,
+/// cancelled, its lease over, or not of this claim: another token) left
+/// as it is. Returns each finished row (as it was) with its new status
+/// and its notice.
+#[allow(clippy::too_many_arguments)]
+async fn finish_joined(
+    tx: &mut Tx<'_>,
+    community: &str,
+    keys: &Keys,
+    caller: &PublicKey,
+    req: &FinishRequest,
+    reply_id: Option<[u8; 32]>,
+    cfg: &DeliveryConfig,
+    now: i64,
+) -> Result<Vec<(Delivery, Status, Option<(Event, String)>)>, StoreError> {
+    let mut finished = Vec::with_capacity(req.turn.len());
+    for id in &req.turn {
+        let Some(d) = load(tx, community, id).await? else {
+            continue;
+        };
+        if !d.for_caller(caller) || d.finished_as(req).is_some() {
+            continue;
+        }
+        let asked = On::Finish {
+            is_target: true,
+            token: &req.claim_token,
+            outcome: req.outcome,
+            backoff_secs: backoff_after(cfg, d.attempt),
+            fits: misfit(&d, req).is_none(),
+        };
+        // Fenced like the finished row; an answer a row's output refuses
+        // is not this turn's to give (a turn is of mentions, which have none).
+        match machine::transition(&d.state(), asked, now) {
+            Ok(Transition::Revise) | Err(_) => continue,
+            Ok(decided) => {
+                let applied = apply(tx, community, keys, &d, decided, agent_failure(req), now).await?;
+                record_finish(tx, community, id, req, applied.status, reply_id, now).await?;
+                finished.push((d, applied.status, applied.notice));
+            }
+        }
+    }
+    Ok(finished)
 }
 
 /// The finish's span (under the delivery's), and the delivery's own when

@@ -6,6 +6,7 @@
 //!
 //! ```text
 //! pending --claim--> claimed --finish delivered--> delivered
+//!   (a mention's claim takes every due row of its conversation: a turn)
 //!                      |  --finish retry (attempts left)--> pending (backoff)
 //!                      |  --finish failed / retry (none left) / lease lapsed--> failed
 //!                      |  --lease lapsed, recorded no write, attempts left--> pending
@@ -44,6 +45,11 @@ pub struct State<'a> {
     pub revising: bool,
     /// The claimed rows a claim of it would join, and their caps.
     pub in_flight: InFlight,
+    /// Another row of its conversation (its agent's, a mention's) is
+    /// claimed, or pending but not yet due (the debounce: the conversation
+    /// is still speaking). Loaded only where a claim is decided from the
+    /// row; always `false` for a row with no conversation.
+    pub conversation_busy: bool,
 }
 
 /// The claimed rows of a row's workflow and of its agent (in its
@@ -279,10 +285,14 @@ pub enum Claimable {
     /// Its agent holds fewer claimed rows in the community than the
     /// relay's `agent_concurrency`.
     AgentRoom,
+    /// It has no conversation, or no other row of its conversation is
+    /// claimed (one turn at a time) or waits out its debounce (a turn
+    /// takes the conversation once it is quiet).
+    ConversationFree,
 }
 
 /// The claim rule, in the order the machine tests it.
-pub const CLAIM_RULE: [Claimable; 7] = [
+pub const CLAIM_RULE: [Claimable; 8] = [
     Claimable::Target,
     Claimable::Pending,
     Claimable::Due,
@@ -290,6 +300,7 @@ pub const CLAIM_RULE: [Claimable; 7] = [
     Claimable::NotRevising,
     Claimable::WorkflowRoom,
     Claimable::AgentRoom,
+    Claimable::ConversationFree,
 ];
 
 impl Claimable {
@@ -306,6 +317,7 @@ impl Claimable {
                 .workflow_cap
                 .is_none_or(|cap| s.in_flight.workflow < cap),
             Claimable::AgentRoom => s.in_flight.agent_cap.is_none_or(|cap| s.in_flight.agent < cap),
+            Claimable::ConversationFree => !s.conversation_busy,
         }
     }
 }

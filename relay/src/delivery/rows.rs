@@ -3,7 +3,9 @@
 //! the listings and the detail view with attempts and operations.
 
 use nostr::prelude::PublicKey;
-use protocol::api::{ClaimedDelivery, DeliverySource, DeliveryStatus as Status, DeliveryView, Outcome};
+use protocol::api::{
+    ClaimedDelivery, DeliverySource, DeliveryStatus as Status, DeliveryView, Outcome, TurnPart,
+};
 use protocol::workflow::OutputSchema;
 use serde_json::Value;
 
@@ -19,7 +21,7 @@ pub(crate) const COLS: &str =
     message_event_id, status, attempt, max_attempts, claim_token, claim_expires_at, records_operations, \
     next_attempt_at, expires_at, trigger_context, execution_trace, failure_code, failure_message, \
     reply_event_id, finished_token, finished_outcome, finished_status, created_at, updated_at, awaited, \
-    output_schema, revision, output_errors, priority, concurrency, source";
+    output_schema, revision, output_errors, priority, concurrency, source, conversation";
 
 /// A delivery row.
 #[derive(Debug, Clone)]
@@ -64,6 +66,10 @@ pub struct Delivery {
     pub concurrency: Option<i64>,
     /// What made it: a workflow's step or a mention.
     pub source: DeliverySource,
+    /// A mention's conversation (its channel, or `<channel>/<root>` in a
+    /// thread): its rows are claimed together, one turn at a time; `""`
+    /// for a workflow's.
+    pub conversation: String,
 }
 
 pub(crate) fn delivery(r: &Row) -> Result<Delivery, StoreError> {
@@ -107,6 +113,7 @@ pub(crate) fn delivery(r: &Row) -> Result<Delivery, StoreError> {
         priority: r.int("priority")?,
         concurrency: r.opt_int("concurrency")?,
         source: named(&r.text("source")?, DeliverySource::parse)?,
+        conversation: r.text("conversation")?,
     })
 }
 
@@ -124,6 +131,7 @@ impl Delivery {
             records_operations: self.records_operations,
             revising: self.output_errors.is_some(),
             in_flight: machine::InFlight::default(),
+            conversation_busy: false,
         }
     }
 
@@ -172,7 +180,23 @@ impl Delivery {
             revision: u32::try_from(self.revision).unwrap_or(u32::MAX),
             traceparent: Some(self.span(community).header()),
             source: self.source,
+            conversation: self.conversation.clone(),
+            turn: Vec::new(),
         })
+    }
+
+    /// How the claim answer names this row when another row's claim took
+    /// it into its turn.
+    pub fn turn_part(&self) -> TurnPart {
+        TurnPart {
+            id: self.id.clone(),
+            run_id: self.run_id.clone(),
+            definition_event_id: hex::encode(self.definition_event_id),
+            message_event_id: hex::encode(self.message_event_id),
+            attempt: u32::try_from(self.attempt).unwrap_or(u32::MAX),
+            expires_at: self.expires_at,
+            trigger_context: serde_json::from_str::<Value>(&self.trigger_context).unwrap_or(Value::Null),
+        }
     }
 
     /// The listing view (no token, no private snapshot).

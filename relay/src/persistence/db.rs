@@ -51,7 +51,12 @@ pub enum Pool {
 /// one place that says how a key becomes a lock). Its value is an empty
 /// text (the function returns `void`, which rows cannot decode).
 fn lock_of(key: &str) -> String {
-    format!("CAST(pg_advisory_xact_lock(hashtextextended({key}, 0)) AS TEXT)")
+    format!("CAST({} AS TEXT)", advisory("pg_advisory_xact_lock", key))
+}
+
+/// The advisory lock `function` applied to the key `key` gives.
+fn advisory(function: &str, key: &str) -> String {
+    format!("{function}(hashtextextended({key}, 0))")
 }
 
 /// An open transaction of either backend. PostgreSQL's carries what a
@@ -324,6 +329,32 @@ impl Tx<'_> {
             self.locked(key);
         }
         Ok(())
+    }
+
+    /// [`Tx::lock`] without waiting: `false` when another transaction
+    /// holds the key (nothing is taken then). For a lock taken in the
+    /// middle of a batch, where waiting could close a cycle with another
+    /// batch (`lock_all`). SQLite: always `true` (one writer).
+    pub async fn try_lock(&mut self, key: &str) -> Result<bool, StoreError> {
+        let Tx::Postgres(_, known) = self else {
+            return Ok(true);
+        };
+        if known.locks.iter().any(|k| k == key) {
+            return Ok(true);
+        }
+        let q = Q::new(format!(
+            "SELECT {} AS taken",
+            advisory("pg_try_advisory_xact_lock", "$1")
+        ))
+        .bind(key);
+        let taken = match self.one(q).await? {
+            Some(row) => row.bool("taken")?,
+            None => false,
+        };
+        if taken {
+            self.locked(key);
+        }
+        Ok(taken)
     }
 
     /// [`Tx::lock`] on each of `keys`, in one statement and in one order

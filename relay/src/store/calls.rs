@@ -11,9 +11,9 @@ use protocol::api::{ClaimRequest, FinishRequest, OperationRequest, Outcome, Rene
 use crate::channels::rules as channels;
 use crate::channels::state::Published;
 use crate::config::{ChannelPolicy, DeliveryConfig};
+use crate::delivery::claim::Turn;
 use crate::delivery::deliveries;
 use crate::delivery::deliveries::Finished;
-use crate::delivery::rows::Delivery;
 use crate::events::rules::author_lock_key;
 use crate::events::InsertOutcome;
 use crate::persistence::db::Tx;
@@ -56,9 +56,10 @@ pub(crate) struct Claim {
     pub keys: Keys,
 }
 
-/// A claim's answer: the row claimed, if any, and for a mention the
-/// status its sender is sent (announced in the claim's transaction).
-pub type Claimed = (Option<Delivery>, Option<(Event, String)>);
+/// A claim's answer: the rows claimed (a turn), if any, and for a
+/// mention's the status each sender is sent (announced in the claim's
+/// transaction).
+pub type Claimed = (Option<Turn>, Vec<(Event, String)>);
 
 impl WriteCall for Claim {
     type Reply = Claimed;
@@ -85,15 +86,17 @@ impl WriteCall for Claim {
             let claimed =
                 crate::delivery::claim::claim(tx, &self.community, &self.caller, &self.req, cfg).await?;
             let now = crate::clock::unix_now() as i64;
-            let status = claimed
-                .as_ref()
-                .and_then(|d| crate::channels::mentions::working(&self.keys, d, now));
-            Ok((claimed, status))
+            let statuses = claimed
+                .iter()
+                .flat_map(Turn::rows)
+                .filter_map(|d| crate::channels::mentions::working(&self.keys, d, now))
+                .collect();
+            Ok((claimed, statuses))
         })
     }
 
-    fn announced((_, status): &Self::Reply) -> Vec<&str> {
-        status.iter().map(|(_, raw)| raw.as_str()).collect()
+    fn announced((_, statuses): &Self::Reply) -> Vec<&str> {
+        statuses.iter().map(|(_, raw)| raw.as_str()).collect()
     }
 }
 
@@ -328,6 +331,7 @@ mod tests {
                 failure_code: None,
                 failure_message: None,
                 reply: None,
+                turn: Vec::new(),
             },
         };
         assert!(claim.starts_work() && message.starts_work());

@@ -542,6 +542,7 @@ mod tests {
                 records_operations: false,
                 revising: false,
                 in_flight: Default::default(),
+                conversation_busy: false,
             };
             let cancels = transition(&row, Event::Cancel, 5) == Ok(Transition::Cancel);
             let touched = ACTIVE_ROWS.contains(&format!("'{}'", status.as_str()));

@@ -19,6 +19,7 @@ fn claimed() -> State<'static> {
         records_operations: false,
         revising: false,
         in_flight: InFlight::default(),
+        conversation_busy: false,
     }
 }
 
@@ -234,6 +235,18 @@ fn every_edge_of_the_machine() {
                 s.in_flight.agent = 3;
                 s.in_flight.agent_cap = Some(3)
             }),
+            claim_as(false),
+            Err(Refusal::NotTarget),
+        ),
+        (
+            "claim while its conversation holds a turn or waits out its debounce",
+            with(pending(), |s| s.conversation_busy = true),
+            claim_as(true),
+            Ok(T::NotDue),
+        ),
+        (
+            "a busy conversation does not hide a row from another agent's claim",
+            with(pending(), |s| s.conversation_busy = true),
             claim_as(false),
             Err(Refusal::NotTarget),
         ),
