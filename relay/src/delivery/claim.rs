@@ -14,7 +14,7 @@ use crate::delivery::machine::{Claimable, Event as On, Transition, CLAIM_RULE};
 use crate::faults;
 use crate::persistence::db::{Dialect, Tx, Q};
 use crate::persistence::StoreError;
-use protocol::api::MAX_TURN_DELIVERIES;
+use protocol::api::{MAX_TURN_DELIVERIES, MENTION_STEP};
 
 use super::rows::{delivery, load, Delivery, COLS};
 pub use crate::refusal::{Answer, Refusal};
@@ -304,8 +304,13 @@ async fn claim_by_name(
     lease: i64,
     grant: &Grant,
 ) -> Answer<Option<Turn>> {
-    if let Some(d) = claim_as_expected(tx, community, caller, id, expected, grant).await? {
-        return Ok(Some(Turn::alone(d)));
+    // A mention's is never claimed in one statement (its conversation is
+    // looked at first): not worth trying.
+    let mention = expected.is_some_and(|e| e.step_id == MENTION_STEP);
+    if !mention {
+        if let Some(d) = claim_as_expected(tx, community, caller, id, expected, grant).await? {
+            return Ok(Some(Turn::alone(d)));
+        }
     }
     claim_named(tx, community, caller, id, expected, lease, grant).await
 }
@@ -473,14 +478,18 @@ async fn claim_turn(
             },
             Reach::ByPendingIndex,
         );
+        // The rows that join are found through `deliveries_conversation`
+        // (its predicate follows from the clauses); an `OR` with the
+        // claimed row's key would walk the community's rows instead.
         format!(
             "UPDATE workflow_agent_deliveries {CLAIM_SET} WHERE community_id = $1 AND {IS_PENDING} AND id IN (\
-             SELECT id FROM workflow_agent_deliveries WHERE community_id = $1 AND (id = $7 OR (conversation = $8 \
-             AND {joins})) ORDER BY CASE WHEN id = $7 THEN 0 ELSE 1 END, message_created_at, created_at, id \
-             LIMIT $9) RETURNING {COLS}"
+             SELECT $7 UNION ALL SELECT id FROM (SELECT id FROM workflow_agent_deliveries \
+             WHERE community_id = $1 AND target_pubkey = $2 AND conversation = $8 AND conversation <> '' \
+             AND id <> $7 AND {joins} ORDER BY message_created_at, created_at, id LIMIT $9) AS joining) \
+             RETURNING {COLS}"
         )
     });
-    let limit = i64::try_from(MAX_TURN_DELIVERIES).unwrap_or(1);
+    let limit = i64::try_from(MAX_TURN_DELIVERIES - 1).unwrap_or(0);
     let q = Q::new(TURN.as_str()).bind(community).bind(d.target.to_vec());
     let q = grant
         .bind(q)

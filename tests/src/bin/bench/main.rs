@@ -89,6 +89,11 @@ struct Args {
     /// Offered load (deliveries per second) of the delivery latency figure.
     #[arg(long, default_value_t = 250)]
     delivery_rate: u32,
+    /// The measured relay's `deliveries.mention_debounce_secs` (the
+    /// mentions figure: how long a conversation must be quiet before its
+    /// mentions are claimed as one turn; 0: at once).
+    #[arg(long, default_value_t = 0)]
+    mention_debounce_secs: u32,
     /// Writes the relay's log (debug level for the relay: one line per
     /// write batch and per call batch) to this file at the end.
     #[arg(long)]
@@ -120,7 +125,7 @@ type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<t
 const BENCH_TOML: &str = "[limits]\nevents_per_second = 1000000\nevents_burst = 1000000\nmax_inflight_events = 1024\nmax_subscriptions = 200\n\
 max_outbound_bytes = 67108864\napi_requests_per_second = 1000000\napi_burst = 1000000\nfanout_buffer_events = 65536\n\
 [channels]\nmembership_kinds = [9]\n[sqlite]\npool_size = 16\nsynchronous = \"{synchronous}\"\n[postgres]\npool_size = 32\n\
-[deliveries]\ndefault_lease_secs = 60\nmentions_per_hour = 1000000\nmentions_per_day = 1000000\n[workflows]\nrun_poll_interval_ms = 1000\n";
+[deliveries]\ndefault_lease_secs = 60\nmentions_per_hour = 1000000\nmentions_per_day = 1000000\nmention_debounce_secs = {debounce}\n[workflows]\nrun_poll_interval_ms = 1000\n";
 
 /// Read buffer of every bench connection. tungstenite zero-fills its read
 /// buffer up to this size before each read (128 KiB by default), which in
@@ -163,9 +168,12 @@ fn presign(n: usize, keys: &[Keys], tag: &str) -> Vec<Event> {
         .collect()
 }
 
-/// The measured relay's configuration with `sqlite.synchronous` set.
-fn bench_toml(synchronous: &str) -> String {
-    BENCH_TOML.replace("{synchronous}", synchronous)
+/// The measured relay's configuration with `sqlite.synchronous` and
+/// `deliveries.mention_debounce_secs` set.
+fn bench_toml(args: &Args) -> String {
+    BENCH_TOML
+        .replace("{synchronous}", &args.sqlite_synchronous)
+        .replace("{debounce}", &args.mention_debounce_secs.to_string())
 }
 
 /// How long the bench waits for any one answer before it counts the
@@ -721,10 +729,13 @@ async fn delivery(relay: &Relay, rounds: usize, quick: bool, rate: u32) {
 
 /// Mentions as work (`--only mentions`): `convs` conversations, each a
 /// channel with one agent whose mentions are on and its owner, a member,
-/// mentioning it; simulated agents claim by wake and answer. A mention's
-/// clock runs from its send to its claim: back to back (each round's
-/// mentions of every conversation at once) and paced at `rate` a second.
-async fn mentions(relay: &Relay, rounds: usize, quick: bool, rate: u32) {
+/// mentioning it; simulated agents claim by wake (after its `due-in`: the
+/// relay's `mention_debounce_secs`) and answer each claim's turn once. A
+/// mention's clock runs from its send to its claim: back to back (each
+/// round's mentions of every conversation at once) and paced at `rate` a
+/// second. Turns: the claims that answered them (a turn takes every due
+/// mention of its conversation).
+async fn mentions(relay: &Relay, rounds: usize, quick: bool, rate: u32, debounce_secs: u32) {
     let convs = if quick { 20 } else { 50 };
     let per_conv = if quick { 10 } else { 40 };
     let target = Target::ours(relay);
@@ -743,76 +754,120 @@ async fn mentions(relay: &Relay, rounds: usize, quick: bool, rate: u32) {
     let refusals = Arc::new(AtomicUsize::new(0));
     let mut done_rx = start_placed_agents(relay.addr, &placed, &refusals).await;
     let mut talk = Conversations(fixtures);
-    let (mut rates, mut burst_p50, mut burst_p99) = (Rounds::default(), Rounds::default(), Rounds::default());
-    let (mut p50, mut p99) = (Rounds::default(), Rounds::default());
+    let mut burst = MentionRounds::default();
+    let mut paced = MentionRounds::default();
     for round in 0..=rounds {
         let warm_up = round == 0;
         let n = if warm_up { 2 } else { per_conv };
-        let meter = Meter::start(&target);
-        let (burst, mut faults) =
-            triggers(&mut talk, &mut done_rx, &format!("b{round}"), n, convs, None).await;
-        faults.refused += refusals.swap(0, Ordering::Relaxed);
-        let s = meter.sample(&target, burst.len(), faults);
-        if warm_up {
-            continue;
+        for (kind, into) in [("b", &mut burst), ("p", &mut paced)] {
+            let interval =
+                (kind == "p").then(|| Duration::from_secs_f64(convs as f64 / f64::from(rate.max(1))));
+            let meter = Meter::start(&target);
+            let turns_before = TURNS_FINISHED.load(Ordering::Relaxed);
+            let (lat, mut faults) = triggers(
+                &mut talk,
+                &mut done_rx,
+                &format!("{kind}{round}"),
+                n,
+                convs,
+                interval,
+            )
+            .await;
+            faults.refused += refusals.swap(0, Ordering::Relaxed);
+            let turns = TURNS_FINISHED.load(Ordering::Relaxed) - turns_before;
+            let s = meter.sample(&target, lat.len(), faults);
+            if !warm_up {
+                into.push(&s, &lat, turns);
+            }
         }
-        rates.push(s.rate, s.cpu_us, s.generator_cores, s.faults);
-        burst_p50.push(percentile(&burst, 0.5), None, s.generator_cores, s.faults);
-        burst_p99.push(percentile(&burst, 0.99), None, s.generator_cores, s.faults);
-        let interval = Duration::from_secs_f64(convs as f64 / f64::from(rate.max(1)));
-        let meter = Meter::start(&target);
-        let (paced, mut faults) = triggers(
-            &mut talk,
-            &mut done_rx,
-            &format!("p{round}"),
-            n,
-            convs,
-            Some(interval),
-        )
-        .await;
-        faults.refused += refusals.swap(0, Ordering::Relaxed);
-        let s = meter.sample(&target, paced.len(), faults);
-        p50.push(percentile(&paced, 0.5), None, s.generator_cores, s.faults);
-        p99.push(percentile(&paced, 0.99), None, s.generator_cores, s.faults);
     }
-    let ours = ["ours".to_string()];
-    let one = |r: &Rounds| [r.measured()];
-    let back = format!("{convs} conversations, mentions back to back");
-    let paced = format!("{convs} conversations, {rate} mentions/s offered");
+    let debounce = format!("debounce {debounce_secs} s");
+    let back = format!("{convs} conversations, mentions back to back, {debounce}");
+    let offered = format!("{convs} conversations, {rate} mentions/s offered, {debounce}");
     let figures = [
         (
             format!("mentions answered ({back})"),
             "mentions/s",
             Better::Higher,
-            &rates,
+            &burst.rates,
+        ),
+        (
+            format!("turns answered ({back})"),
+            "turns/s",
+            Better::Higher,
+            &burst.turns,
+        ),
+        (
+            format!("mentions a turn ({back})"),
+            "mentions",
+            Better::Higher,
+            &burst.per_turn,
         ),
         (
             format!("mention sent to claim p50 ({back}: queueing)"),
             "ms",
             Better::Lower,
-            &burst_p50,
+            &burst.p50,
         ),
         (
             format!("mention sent to claim p99 ({back}: queueing)"),
             "ms",
             Better::Lower,
-            &burst_p99,
+            &burst.p99,
         ),
         (
-            format!("mention sent to claim p50 ({paced})"),
-            "ms",
-            Better::Lower,
-            &p50,
+            format!("turns answered ({offered})"),
+            "turns/s",
+            Better::Higher,
+            &paced.turns,
         ),
         (
-            format!("mention sent to claim p99 ({paced})"),
+            format!("mentions a turn ({offered})"),
+            "mentions",
+            Better::Higher,
+            &paced.per_turn,
+        ),
+        (
+            format!("mention sent to claim p50 ({offered})"),
             "ms",
             Better::Lower,
-            &p99,
+            &paced.p50,
+        ),
+        (
+            format!("mention sent to claim p99 ({offered})"),
+            "ms",
+            Better::Lower,
+            &paced.p99,
         ),
     ];
+    let ours = ["ours".to_string()];
     for (name, unit, better, rounds) in figures {
-        report(&name, unit, better, "mention", &ours, &one(rounds));
+        let unit_of_cpu = if unit == "turns/s" { "turn" } else { "mention" };
+        report(&name, unit, better, unit_of_cpu, &ours, &[rounds.measured()]);
+    }
+}
+
+/// The mentions figure's rounds of one load: mentions and turns a second
+/// (the relay's CPU per mention, per turn), mentions a turn, latencies.
+#[derive(Default)]
+struct MentionRounds {
+    rates: Rounds,
+    turns: Rounds,
+    per_turn: Rounds,
+    p50: Rounds,
+    p99: Rounds,
+}
+
+impl MentionRounds {
+    fn push(&mut self, s: &Sample, lat: &[f64], turns: usize) {
+        let (cores, faults) = (s.generator_cores, s.faults);
+        let per_turn = lat.len() as f64 / turns.max(1) as f64;
+        self.rates.push(s.rate, s.cpu_us, cores, faults);
+        self.turns
+            .push(s.rate / per_turn, s.cpu_us.map(|us| us * per_turn), cores, faults);
+        self.per_turn.push(per_turn, None, cores, faults);
+        self.p50.push(percentile(lat, 0.5), None, cores, faults);
+        self.p99.push(percentile(lat, 0.99), None, cores, faults);
     }
 }
 
@@ -1187,7 +1242,6 @@ async fn simulated_agent(
     ),
     ready: tokio::sync::oneshot::Sender<()>,
 ) {
-    let client = reqwest::Client::new();
     let mut ws = connect(&url).await;
     let challenge = next_json(&mut ws).await.unwrap()[1]
         .as_str()
@@ -1207,25 +1261,14 @@ async fn simulated_agent(
     .await
     .unwrap();
     let mut ready = Some(ready);
-    let call = |path: String, body: Value| {
-        let (client, http, keys) = (client.clone(), http.clone(), keys.clone());
-        async move {
-            let url = format!("{http}{path}");
-            let bytes = body.to_string().into_bytes();
-            let auth = protocol::nip98::header(&keys, "POST", &url, &bytes);
-            let r = client
-                .post(&url)
-                .header("Authorization", auth)
-                .header("Content-Type", "application/json")
-                .body(bytes)
-                .send()
-                .await;
-            match r {
-                Ok(r) => r.json::<Value>().await.unwrap_or(Value::Null),
-                Err(_) => Value::Null,
-            }
-        }
-    };
+    let sim = Arc::new(SimAgent {
+        client: reqwest::Client::new(),
+        http,
+        keys,
+        channel,
+        done,
+        refusals,
+    });
     while let Some(v) = next_json(&mut ws).await {
         if v[0] == "EOSE" {
             if let Some(r) = ready.take() {
@@ -1247,17 +1290,79 @@ async fn simulated_agent(
         let body = json!({"delivery_id": tag("delivery"), "expected": {"run_id": tag("workflow-run"), "step_id": tag("workflow-step"),
             "definition_event_id": tag("workflow-definition"), "message_event_id": tag("e"), "channel": tag("h")},
             "records_operations": true});
-        let claimed = call("/deliveries/claim".into(), body).await;
+        match tag("due-in").parse::<u64>().unwrap_or(0) {
+            0 => {
+                sim.work(body).await;
+            }
+            // A mention waiting out its conversation's debounce: claimed
+            // then (the wakes of one conversation all wait; the last one's
+            // claim takes the turn), and those that came during the turn
+            // are polled for after it, as the reference agent does.
+            secs => {
+                let sim = sim.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_secs(secs) + Duration::from_millis(200)).await;
+                    if sim.work(body).await {
+                        while sim.work(json!({"records_operations": true})).await {}
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// Turns finished by every simulated agent (a claim and its finish, with
+/// the rows of its turn).
+static TURNS_FINISHED: AtomicUsize = AtomicUsize::new(0);
+
+/// A simulated agent's calls: claim, answer every delivery of the claim's
+/// turn with one reply, finish them together.
+struct SimAgent {
+    client: reqwest::Client,
+    http: String,
+    keys: Keys,
+    channel: String,
+    done: tokio::sync::mpsc::UnboundedSender<(Instant, String)>,
+    refusals: Arc<AtomicUsize>,
+}
+
+impl SimAgent {
+    async fn call(&self, path: &str, body: Value) -> Value {
+        let url = format!("{}{path}", self.http);
+        let bytes = body.to_string().into_bytes();
+        let auth = protocol::nip98::header(&self.keys, "POST", &url, &bytes);
+        let r = self
+            .client
+            .post(&url)
+            .header("Authorization", auth)
+            .header("Content-Type", "application/json")
+            .body(bytes)
+            .send()
+            .await;
+        match r {
+            Ok(r) => r.json::<Value>().await.unwrap_or(Value::Null),
+            Err(_) => Value::Null,
+        }
+    }
+
+    /// Claims with `body` and answers what it got: `false` when nothing
+    /// was due (a mention another turn took, or one not yet due).
+    async fn work(&self, body: Value) -> bool {
+        let claimed = self.call("/deliveries/claim", body).await;
         let claimed_at = Instant::now();
         let d = &claimed["delivery"];
         if d.is_null() {
-            refusals.fetch_add(1, Ordering::Relaxed);
-            continue;
+            return false;
         }
-        let text = d["trigger_context"]["text"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
+        let text_of = |d: &Value| {
+            d["trigger_context"]["text"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        };
+        let parts = d["turn"].as_array().cloned().unwrap_or_default();
+        let mut texts = vec![text_of(d)];
+        texts.extend(parts.iter().map(text_of));
         // An answer in the asked shape when the step gives one.
         let answer = if d["output"].is_null() {
             "ack"
@@ -1266,24 +1371,30 @@ async fn simulated_agent(
         };
         let reply = EventBuilder::new(Kind::from_u16(9), answer)
             .tags([
-                Tag::custom("h", [channel.as_str()]),
+                Tag::custom("h", [self.channel.as_str()]),
                 Tag::custom(
                     "e",
                     [d["message_event_id"].as_str().unwrap_or_default(), "", "root"],
                 ),
             ])
-            .finalize(&keys)
+            .finalize(&self.keys)
             .unwrap();
-        let fin = call(
-            format!("/deliveries/{}/finish", d["id"].as_str().unwrap_or_default()),
-            json!({"claim_token": d["claim_token"], "outcome": "delivered", "reply": reply}),
-        )
-        .await;
+        let turn: Vec<&Value> = parts.iter().map(|p| &p["id"]).collect();
+        let fin = self
+            .call(
+                &format!("/deliveries/{}/finish", d["id"].as_str().unwrap_or_default()),
+                json!({"claim_token": d["claim_token"], "outcome": "delivered", "reply": reply, "turn": turn}),
+            )
+            .await;
         if fin["status"] == "delivered" {
-            let _ = done.send((claimed_at, text));
+            TURNS_FINISHED.fetch_add(1, Ordering::Relaxed);
+            for text in texts {
+                let _ = self.done.send((claimed_at, text));
+            }
         } else {
-            refusals.fetch_add(1, Ordering::Relaxed);
+            self.refusals.fetch_add(1, Ordering::Relaxed);
         }
+        true
     }
 }
 
@@ -1429,7 +1540,7 @@ async fn main() {
     let relay = Relay::start_listening(
         store,
         RelayOptions {
-            config_toml: format!("{metrics}{reads}{}", bench_toml(&args.sqlite_synchronous)),
+            config_toml: format!("{metrics}{reads}{}", bench_toml(&args)),
             env,
         },
         "127.0.0.1:0,127.0.0.2:0",
@@ -1484,7 +1595,14 @@ async fn main() {
         delivery(&relay, rounds, args.quick, args.delivery_rate).await;
     }
     if only.contains(&"mentions") {
-        mentions(&relay, rounds, args.quick, args.delivery_rate).await;
+        mentions(
+            &relay,
+            rounds,
+            args.quick,
+            args.delivery_rate,
+            args.mention_debounce_secs,
+        )
+        .await;
     }
     if only.contains(&"pipeline") {
         // Each variant on a relay of its own (the agents of a figure stay
@@ -1507,7 +1625,7 @@ async fn main() {
                     config_toml: format!(
                         "{}{metrics}{}",
                         if traced { otlp.as_str() } else { "" },
-                        bench_toml(&args.sqlite_synchronous)
+                        bench_toml(&args)
                     ),
                     env: relay_env(&args),
                 },
@@ -1574,7 +1692,7 @@ async fn main() {
         let fresh = Relay::start_opts(
             &backend,
             RelayOptions {
-                config_toml: bench_toml(&args.sqlite_synchronous),
+                config_toml: bench_toml(&args),
                 ..Default::default()
             },
         );
