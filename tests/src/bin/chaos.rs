@@ -27,6 +27,25 @@ use std::collections::HashMap;
 /// machine they made 3 of 7 failures at RelayAfterWebhookSend, 7 of 12
 /// units there in all.
 const BY_DESIGN: [&str; 2] = ["interrupted", "interrupted_after_write"];
+
+/// The failure codes a kill at `point` makes by contract: [`BY_DESIGN`]'s,
+/// and where the holder of a recorded write is gone, the lapse of its
+/// lease (`lease_expired`: the work may have happened, so it is never
+/// handed out again): the agent dies after recording it, or the relay dies
+/// before the finish commits (the revived lane's agent is a new process;
+/// the cut finish is not sent again). A mention lane's turn shares that
+/// fate: every mention of the turn fails so, where a workflow lane loses
+/// one delivery of its three.
+fn by_design(point: &str) -> Vec<&'static str> {
+    let mut codes = BY_DESIGN.to_vec();
+    if matches!(
+        point,
+        "AgentAfterRecordedWrite" | "AgentAfterSideEffect" | "RelayBeforeTurnCommit"
+    ) {
+        codes.push("lease_expired");
+    }
+    codes
+}
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -78,6 +97,11 @@ struct Args {
     /// Breaks the work on purpose (see the module's doc).
     #[arg(long, value_enum)]
     sabotage: Option<Sabotage>,
+    /// Mention lanes: no workflow; each trial's messages mention the
+    /// lane's agent (its mentions on), answered as turns, and the kills
+    /// are those of a mention's way ([`MENTION_POINTS`]).
+    #[arg(long)]
+    mentions: bool,
 }
 
 /// What `--sabotage` breaks.
@@ -124,6 +148,9 @@ enum Point {
     /// In the transaction that posts the revision of a refused answer,
     /// after the refusing finish committed.
     RelayWhileRevising,
+    /// In the transaction of a finish, after its reply was stored and
+    /// before the statuses of its turn: nothing of it commits.
+    RelayBeforeTurnCommit,
     /// In the transaction of a rerun (NIP-86 `rerunrun`) of a run whose
     /// webhook call failed, after the rerun and its notice were written;
     /// the request is then asked again, as a client does when no answer
@@ -150,6 +177,22 @@ const POINTS: [Point; 18] = [
     Point::RelayWhileAwaitingApproval,
     Point::RelayWhileRevising,
     Point::RelayWhileRerunning,
+    Point::Random,
+];
+
+/// The kills of a mention lane: before the claim, during the handler
+/// (after the claim, after a recorded write, after the side effect),
+/// before and after the turn's final commit, in the sweep of a lapsed
+/// turn, and at random.
+const MENTION_POINTS: [Point; 9] = [
+    Point::AgentBeforeClaim,
+    Point::AgentAfterClaim,
+    Point::AgentAfterRecordedWrite,
+    Point::AgentAfterSideEffect,
+    Point::AgentAfterFinishAck,
+    Point::RelayBeforeTurnCommit,
+    Point::RelayAfterFinishCommit,
+    Point::RelayDuringSweep,
     Point::Random,
 ];
 
@@ -186,6 +229,7 @@ impl Point {
             Point::RelayWhileAwaitingApproval => ("relay", "approval:before_end=kill*1"),
             Point::RelayWhileRevising => ("relay", "revision:after_reissue=kill*1"),
             Point::RelayWhileRerunning => ("relay", "rerun:before_commit=kill*1"),
+            Point::RelayBeforeTurnCommit => ("relay", "finish:after_reply=kill*1"),
             Point::Random => return None,
         })
     }
@@ -310,13 +354,13 @@ impl Counts {
     }
 
     /// Kill points where more than `max_share` of the work failed visibly
-    /// for a reason other than the contract's ([`BY_DESIGN`]).
+    /// for a reason other than the contract's ([`by_design`]).
     fn failing_points(&self, max_share: f64) -> Vec<String> {
         let mut out: Vec<String> = self
             .failures_by_point
             .iter()
             .map(|(k, (failed, of))| {
-                let designed: usize = BY_DESIGN
+                let designed: usize = by_design(k)
                     .iter()
                     .filter_map(|code| self.failure_codes.get(&(k.clone(), code.to_string())))
                     .sum();
@@ -356,6 +400,8 @@ default_lease_secs = 3\nmax_lease_secs = 30\nsweep_interval_ms = 200\n\
 
 struct Lane {
     sabotage: Option<Sabotage>,
+    /// A mention lane (`--mentions`): the trials mention the agent.
+    mentions: bool,
     /// Relays of the lane: [A] or [A, B] (B serves the agent).
     relays: Vec<Relay>,
     agent: AgentProc,
@@ -486,10 +532,15 @@ fn handler_script(store: &Store, fails: bool) -> (String, PathBuf) {
 }
 
 const AGENT_EXTRA: &str = "lease_secs = 3\npoll_interval_secs = 1\ndebounce_ms = 0\nmax_turn_deliveries = 1\nreconnect_min_ms = 50\nreconnect_max_ms = 500";
-
 /// A lane's relays, agent and fixtures on a database of `backend` (its
 /// URL naming the servers of `hosts`' ports when there are several).
-async fn lane(backend: &Backend, hosts: &[u16], two_relays: bool, sabotage: Option<Sabotage>) -> Lane {
+async fn lane(
+    backend: &Backend,
+    hosts: &[u16],
+    two_relays: bool,
+    sabotage: Option<Sabotage>,
+    mentions: bool,
+) -> Lane {
     let store = match backend {
         Backend::Postgres(primary) if hosts.len() > 1 => Store::on_hosts(primary, hosts),
         _ => Store::new(backend),
@@ -514,11 +565,51 @@ async fn lane(backend: &Backend, hosts: &[u16], two_relays: bool, sabotage: Opti
     let hooks = HookServer::start().await;
     hooks.answer("/call", Answer::json(200, serde_json::json!({"ok": true})));
     hooks.answer("/once", Answer::json(200, serde_json::json!({"ok": true})));
-    // The run waits for the agent's answer, then for a timer, then calls
-    // out (sent again after a crash: retry), then waits for a person's
-    // approval, then posts the answer: every kind of wait a run has, with
-    // a side effect at the end. Each message also starts a one-step run
-    // whose call never retries.
+    if mentions {
+        // No workflow: the agent's mentions on, as its owner.
+        let agent = fx.agents[0].public_key().to_hex();
+        let set = tests::workflow::rpc(
+            &relays[0],
+            &fx.owner,
+            "setmentions",
+            serde_json::json!([agent, true]),
+        )
+        .await;
+        assert_eq!(set.0, 200, "setmentions: {set:?}");
+    } else {
+        define_workflows(&mut fx, &hooks, &approver, sabotage).await;
+    }
+    let url = relays[0].ws_url();
+    let approver = spawn_approver(store.clone(), url, approver, "chaos".into());
+    let (handler, side_log) = handler_script(&store, sabotage == Some(Sabotage::HandlerFails));
+    let agent_relay = relays.last().expect("a relay");
+    let agent = AgentProc::start_env(
+        agent_relay,
+        &fx.agents[0].clone(),
+        &fx.owner.clone(),
+        &handler,
+        AGENT_EXTRA,
+        &[],
+    );
+    Lane {
+        sabotage,
+        mentions,
+        relays,
+        agent,
+        fx,
+        side_log,
+        store,
+        hooks,
+        approver,
+    }
+}
+
+/// The lane's workflows: the run waits for the agent's answer, then for a
+/// timer, then calls out (sent again after a crash: retry), then waits for
+/// a person's approval, then posts the answer: every kind of wait a run
+/// has, with a side effect at the end. Each message also starts a
+/// one-step run whose call never retries.
+async fn define_workflows(fx: &mut Fixture, hooks: &HookServer, approver: &Keys, sabotage: Option<Sabotage>) {
     let chaos = fx.define(
         "chaos",
         &serde_json::json!({"name": "chaos", "trigger": {"on": "message_posted"}, "steps": [
@@ -544,28 +635,6 @@ async fn lane(backend: &Backend, hosts: &[u16], two_relays: bool, sabotage: Opti
         let (a, b) = (chaos.id.to_hex(), once.id.to_hex());
         let deletion = tests::event(&fx.owner, 5, "", &[&["e", &a], &["e", &b]]);
         fx.owner_client.publish_ok(&deletion).await;
-    }
-    let url = relays[0].ws_url();
-    let approver = spawn_approver(store.clone(), url, approver, "chaos".into());
-    let (handler, side_log) = handler_script(&store, sabotage == Some(Sabotage::HandlerFails));
-    let agent_relay = relays.last().expect("a relay");
-    let agent = AgentProc::start_env(
-        agent_relay,
-        &fx.agents[0].clone(),
-        &fx.owner.clone(),
-        &handler,
-        AGENT_EXTRA,
-        &[],
-    );
-    Lane {
-        sabotage,
-        relays,
-        agent,
-        fx,
-        side_log,
-        store,
-        hooks,
-        approver,
     }
 }
 
@@ -656,9 +725,19 @@ async fn trial(
             wait_ok(&mut poster, &ev.id.to_hex()).await == Some(true)
         };
         if challenge_ok {
+            let agent = lane.fx.agents[0].public_key().to_hex();
             for i in 0..messages {
                 let text = format!("{tag}{i}");
-                let ev = tests::event(&owner, 9, &text, &[&["h", "chaos"]]);
+                let ev = if lane.mentions {
+                    tests::event(
+                        &owner,
+                        9,
+                        &format!("@agent {text}"),
+                        &[&["h", "chaos"], &["p", &agent]],
+                    )
+                } else {
+                    tests::event(&owner, 9, &text, &[&["h", "chaos"]])
+                };
                 poster.send(serde_json::json!(["EVENT", ev])).await;
                 match wait_ok(&mut poster, &ev.id.to_hex()).await {
                     Some(true) => acked.push((text, ev.id.to_hex())),
@@ -710,8 +789,154 @@ async fn trial(
     c.acked += acked.len();
     c.unreadable += unreadable(lane, &acked).await;
     let texts: Vec<String> = acked.into_iter().map(|(text, _)| text).collect();
-    check(lane, &key, &tag, &texts, &mut c).await;
+    if lane.mentions {
+        check_mentions(lane, &key, &tag, &texts, &mut c).await;
+    } else {
+        check(lane, &key, &tag, &texts, &mut c).await;
+    }
     c
+}
+
+/// The trial's mention rows (id, status, failure code, reply id in hex,
+/// trigger context), once every acknowledged mention has one and all are
+/// terminal (or after 60 s).
+async fn mention_rows(store: &Store, tag: &str, acked: &[String]) -> Vec<Vec<String>> {
+    let q = format!(
+        "SELECT id, status, failure_code, {}, trigger_context FROM workflow_agent_deliveries \
+         WHERE source = 'mention' AND trigger_context LIKE '%{tag}%'",
+        hex_expr(store, "reply_event_id")
+    );
+    let terminal = ["delivered", "failed", "expired", "cancelled"];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let rows: Vec<Vec<String>> = store
+            .sql_retrying(&q)
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(|l| l.split('|').map(str::to_string).collect())
+            .collect();
+        let has_row = |text: &String| {
+            rows.iter()
+                .any(|r| r.get(4).is_some_and(|ctx| ctx.contains(text.as_str())))
+        };
+        let settled = acked.iter().all(has_row) && rows.iter().all(|r| terminal.contains(&r[1].as_str()));
+        if settled || Instant::now() > deadline {
+            return rows;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A mention lane's trial: every acknowledged mention has its row, ended
+/// (none stuck); its side effect ran once (a turn runs once: each of its
+/// rows is logged once); a delivered row names a stored reply of the
+/// agent's, a failed one has its notice and no reply; no message is
+/// answered twice (two replies under it: a turn run twice).
+async fn check_mentions(lane: &Lane, point: &str, tag: &str, acked: &[String], c: &mut Counts) {
+    let store = &lane.store;
+    let rows = mention_rows(store, tag, acked).await;
+    c.deliveries += rows.len();
+    c.lost += acked
+        .iter()
+        .filter(|text| {
+            !rows
+                .iter()
+                .any(|r| r.get(4).is_some_and(|ctx| ctx.contains(text.as_str())))
+        })
+        .count();
+    let side = side_effects(lane);
+    let mut reply_ids = std::collections::HashSet::new();
+    let mut replies_per_message: HashMap<String, usize> = HashMap::new();
+    for ev in agent_messages(lane) {
+        reply_ids.insert(ev["id"].as_str().unwrap_or_default().to_string());
+        for t in ev["tags"].as_array().into_iter().flatten() {
+            if t[0] == "e" && t[3] == "root" {
+                *replies_per_message
+                    .entry(t[1].as_str().unwrap_or_default().to_string())
+                    .or_default() += 1;
+            }
+        }
+    }
+    c.duplicate_replies += replies_per_message.values().filter(|n| **n > 1).count();
+    for r in &rows {
+        let (id, status, code) = (&r[0], r[1].as_str(), r[2].as_str());
+        let reply = r[3].trim_start_matches("\\x").to_ascii_lowercase();
+        let effects = side
+            .lines()
+            .filter(|l| l.split(' ').next() == Some(id.as_str()))
+            .count();
+        if effects > 1 {
+            c.duplicate_side_effects += 1;
+        }
+        if status == "delivered" && effects == 0 {
+            c.delivered_without_effect += 1;
+        }
+        // Its reply: a stored one of the agent's, named by the row.
+        let replied = match status {
+            "delivered" => reply_ids.contains(&reply),
+            _ => !reply.is_empty(),
+        };
+        count_row(store, c, point, (id, status, code), replied);
+    }
+}
+
+/// The side-effect log: a line per delivery the handler ran (read as
+/// empty under `--sabotage forget-side-effects`).
+fn side_effects(lane: &Lane) -> String {
+    match lane.sabotage {
+        Some(Sabotage::ForgetSideEffects) => String::new(),
+        _ => std::fs::read_to_string(&lane.side_log).unwrap_or_default(),
+    }
+}
+
+/// Every kind 9 the lane's agent stored (its replies).
+fn agent_messages(lane: &Lane) -> Vec<Value> {
+    let agent_hex = lane.fx.agents[0].public_key().to_hex();
+    let raw = lane.store.sql_retrying(&format!(
+        "SELECT raw FROM events WHERE kind = 9 AND pubkey = {}",
+        lane.store.blob(&agent_hex)
+    ));
+    raw.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+}
+
+/// Counts one delivery row of a trial by its status: delivered (`replied`:
+/// with its reply), failed or expired (with its notice, and not
+/// `replied`), cancelled; any other status is stuck.
+fn count_row(
+    store: &Store,
+    c: &mut Counts,
+    point: &str,
+    (id, status, code): (&str, &str, &str),
+    replied: bool,
+) {
+    match status {
+        "delivered" => {
+            c.delivered += 1;
+            c.work(point, None);
+            if !replied {
+                c.delivered_without_reply += 1;
+            }
+        }
+        "failed" | "expired" => {
+            if replied {
+                c.replies_without_delivered += 1;
+            }
+            let notice = store.sql_retrying(&format!(
+                "SELECT COUNT(*) FROM events WHERE kind = 9 AND raw LIKE '%\"workflow-delivery-failed\",\"{id}\"%'"
+            ));
+            if notice.trim() == "1" {
+                c.visible_failures += 1;
+                c.work(point, Some(code));
+            } else {
+                c.lost += 1;
+            }
+        }
+        "cancelled" => {
+            c.visible_failures += 1;
+            c.work(point, Some(code));
+        }
+        _ => c.stuck += 1,
+    }
 }
 
 /// How many of the acknowledged messages a REQ by their ids, to the
@@ -900,20 +1125,9 @@ async fn check(lane: &Lane, point: &str, tag: &str, acked: &[String], c: &mut Co
                 .any(|r| r.get(4).is_some_and(|ctx| ctx.contains(&format!("\"{text}\""))))
         })
         .count();
-    let side = match lane.sabotage {
-        Some(Sabotage::ForgetSideEffects) => String::new(),
-        _ => std::fs::read_to_string(&lane.side_log).unwrap_or_default(),
-    };
-    let agent_hex = lane.fx.agents[0].public_key().to_hex();
-    let replies = store.sql_retrying(&format!(
-        "SELECT raw FROM events WHERE kind = 9 AND pubkey = {}",
-        store.blob(&agent_hex)
-    ));
+    let side = side_effects(lane);
     let mut replies_per_message: HashMap<String, usize> = HashMap::new();
-    for line in replies.lines().filter(|l| !l.is_empty()) {
-        let Ok(ev) = serde_json::from_str::<Value>(line) else {
-            continue;
-        };
+    for ev in agent_messages(lane) {
         for t in ev["tags"].as_array().into_iter().flatten() {
             if t[0] == "e" && (t[3] == "root" || t[3] == "reply") {
                 if let Some(id) = t[1].as_str() {
@@ -942,34 +1156,7 @@ async fn check(lane: &Lane, point: &str, tag: &str, acked: &[String], c: &mut Co
         if n_replies > 1 {
             c.duplicate_replies += 1;
         }
-        match status {
-            "delivered" => {
-                c.delivered += 1;
-                c.work(point, None);
-                if n_replies == 0 {
-                    c.delivered_without_reply += 1;
-                }
-            }
-            "failed" | "expired" => {
-                if n_replies > 0 {
-                    c.replies_without_delivered += 1;
-                }
-                let notice = store.sql_retrying(&format!(
-                    "SELECT COUNT(*) FROM events WHERE kind = 9 AND raw LIKE '%\"workflow-delivery-failed\",\"{id}\"%'"
-                ));
-                if notice.trim() == "1" {
-                    c.visible_failures += 1;
-                    c.work(point, Some(code));
-                } else {
-                    c.lost += 1;
-                }
-            }
-            "cancelled" => {
-                c.visible_failures += 1;
-                c.work(point, Some(code));
-            }
-            _ => c.stuck += 1,
-        }
+        count_row(store, c, point, (id, status, code), n_replies > 0);
     }
     check_runs(lane, point, tag, acked, c).await;
 }
@@ -1206,13 +1393,14 @@ async fn main() {
     for l in 0..lanes {
         let (backend, hosts) = (backend.clone(), hosts.clone());
         let (trials, messages, seed) = (args.trials, args.messages, args.seed);
-        let sabotage = args.sabotage;
+        let (sabotage, mentions) = (args.sabotage, args.mentions);
         handles.push(tokio::spawn(async move {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed.wrapping_mul(1000) + l as u64);
-            let mut lane = lane(&backend, &hosts, two_relays, sabotage).await;
+            let mut lane = lane(&backend, &hosts, two_relays, sabotage, mentions).await;
             let mut counts = Counts::default();
+            let points: &[Point] = if mentions { &MENTION_POINTS } else { &POINTS };
             for t in (l..trials).step_by(lanes) {
-                let point = POINTS[t % POINTS.len()];
+                let point = points[t % points.len()];
                 let c = trial(&mut lane, t, point, messages, &mut rng).await;
                 counts.add(&c);
             }
