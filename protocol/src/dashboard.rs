@@ -127,6 +127,10 @@ pub struct AgentView {
     pub last_claimed_at: Option<i64>,
     /// Deliveries it holds now (claimed).
     pub in_flight: u64,
+    /// Where it takes mentions (`setmentions`): channel ids, `""` for every
+    /// channel; none: its mentions are off.
+    #[serde(default)]
+    pub mentions: Vec<String>,
 }
 
 /// `GET /channels`.

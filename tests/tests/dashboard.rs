@@ -181,6 +181,9 @@ async fn the_dashboard_for_an_owner_an_admin_and_a_stranger() {
     c1.auth(&fx.agents[1]).await;
     let runner = r#"{"name":"runner","picture":"https://pictures.example/runner.png"}"#;
     c1.publish_ok(&event(&fx.agents[1], 0, runner, &[])).await;
+    // Agent 0 takes mentions in ops (its owner said so); agent 1's are off.
+    let on = json!([fx.agents[0].public_key().to_hex(), true, "ops"]);
+    tests::workflow::ok(tests::workflow::rpc(&relay, &fx.owner, "setmentions", on).await);
     b.show("#/agents").await;
     b.wait_text("main table", "Build Bot").await;
     // A picture carried in the profile is shown; one elsewhere is not
@@ -194,6 +197,10 @@ async fn the_dashboard_for_an_owner_an_admin_and_a_stranger() {
         .await;
     assert_eq!(img.attr("src").await.unwrap().as_deref(), Some(PNG));
     b.wait_text(&format!("tr[data-agent='{a1}'] td:first-child .avatar"), "R")
+        .await;
+    b.wait_text(&format!("tr[data-agent='{a0}'] td:nth-child(6)"), "ops")
+        .await;
+    b.wait_text(&format!("tr[data-agent='{a1}'] td:nth-child(6)"), "off")
         .await;
     let external = b
         .client

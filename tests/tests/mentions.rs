@@ -22,6 +22,7 @@ backend_tests!(
     a_mention_the_agent_refuses_fails_visibly_to_its_sender,
     the_sender_sees_its_mention_queued_then_worked_on,
     mentions_said_together_are_one_turn_and_threads_are_their_own,
+    two_processes_of_one_agent_answer_a_turn_once,
 );
 
 const FAST_DELIVERIES: &str =
@@ -645,4 +646,40 @@ async fn mentions_said_together_are_one_turn_and_threads_are_their_own(backend: 
     for m in [&first, &second, &in_thread] {
         rows_until(&relay, m, 1, |r| r["status"] == "delivered").await;
     }
+}
+
+/// Two processes of one agent key (both woken, both polling): a
+/// conversation's mentions are one turn, claimed by one of them, answered
+/// once.
+async fn two_processes_of_one_agent_answer_a_turn_once(backend: Backend) {
+    let (relay, fx, agent, (person, mut c)) = one_agent_asked(&backend).await;
+    let mut watcher = watching(&relay, &person, &agent).await;
+    let _one = echo_agent(&relay, &agent, &fx.owner);
+    let _two = echo_agent(&relay, &agent, &fx.owner);
+    let said: Vec<Event> = ["@agent deploy?", "@agent which branch?", "@agent main, please"]
+        .iter()
+        .map(|text| mention(&person, "ops", text, &[&agent]))
+        .collect();
+    for m in &said {
+        c.publish_ok(m).await;
+    }
+    let reply = watcher.next_event("chan").await;
+    for m in &said {
+        let r = rows_until(&relay, m, 1, |r| r["status"] == "delivered").await;
+        assert_eq!(
+            r[0]["reply_event_id"],
+            json!(reply.id.to_hex()),
+            "one turn: {}",
+            reply.content
+        );
+    }
+    // Answered once: the next reply is the answer to the next mention.
+    let next = mention(&person, "ops", "@agent thanks", &[&agent]);
+    c.publish_ok(&next).await;
+    let answer = watcher.next_event("chan").await;
+    assert_eq!(
+        answer.content,
+        format!("echo: {}", next.content),
+        "the turn was answered twice"
+    );
 }

@@ -636,9 +636,17 @@
   async function agents() {
     const list = await call("GET", "/agents");
     await loadProfiles(list.flatMap((a) => [a.pubkey, a.owner]));
-    return heading("Agents", table(["Agent", "Owner", "Registered", "Last claim", "In flight"],
+    return heading("Agents", table(["Agent", "Owner", "Registered", "Last claim", "In flight", "Mentions"],
       list.map((a) => ({ attrs: { "data-agent": a.pubkey }, cells: [person(a.pubkey), person(a.owner),
-        when(a.registered_at), when(a.last_claimed_at), a.in_flight] }))));
+        when(a.registered_at), when(a.last_claimed_at), a.in_flight, mentionsOf(a)] }))));
+  }
+
+  // Where an agent takes mentions (setmentions): "off", "every channel",
+  // or its channels.
+  function mentionsOf(a) {
+    const where = a.mentions || [];
+    if (where.length === 0) return "off";
+    return where.map((c) => (c === "" ? "every channel" : c)).join(", ");
   }
 
   async function channels() {

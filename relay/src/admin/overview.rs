@@ -248,7 +248,8 @@ pub async fn agents(
          FROM agents g WHERE g.community_id = $1{filter} ORDER BY g.registered_at, g.pubkey LIMIT {MAX_ROWS}"
     ));
     let rows = tx.all(bound(q, community, owner)).await?;
-    rows.iter()
+    let mut agents = rows
+        .iter()
         .map(|r| {
             Ok(AgentView {
                 pubkey: hex::encode(r.id32("pubkey")?),
@@ -256,8 +257,35 @@ pub async fn agents(
                 registered_at: r.int("registered_at")?,
                 last_claimed_at: r.opt_int("last_claimed_at")?,
                 in_flight: u64::try_from(r.int("in_flight")?).unwrap_or(0),
+                mentions: Vec::new(),
             })
         })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    for (agent, channel) in mention_settings(tx, community, owner).await? {
+        if let Some(a) = agents.iter_mut().find(|a| a.pubkey == agent) {
+            a.mentions.push(channel);
+        }
+    }
+    Ok(agents)
+}
+
+/// Where the agents (those `owner` owns) take mentions: (agent, channel)
+/// by channel, `""` for every channel; at most `MAX_LIST_MENTIONS`.
+async fn mention_settings(
+    tx: &mut Tx<'_>,
+    community: &str,
+    owner: Option<&[u8; 32]>,
+) -> Result<Vec<(String, String)>, StoreError> {
+    let filter = if owner.is_some() { " AND g.owner = $2" } else { "" };
+    let q = Q::new(format!(
+        "SELECT m.agent_pubkey, m.channel FROM agent_mentions m JOIN agents g \
+         ON g.community_id = m.community_id AND g.pubkey = m.agent_pubkey \
+         WHERE m.community_id = $1{filter} ORDER BY m.channel, m.agent_pubkey LIMIT {}",
+        protocol::nip86::MAX_LIST_MENTIONS
+    ));
+    let rows = tx.all(bound(q, community, owner)).await?;
+    rows.iter()
+        .map(|r| Ok((hex::encode(r.id32("agent_pubkey")?), r.text("channel")?)))
         .collect()
 }
 
