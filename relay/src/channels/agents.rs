@@ -1,6 +1,6 @@
 //! Managed agents: agent -> owner from the first valid NIP-OA attestation.
 
-use nostr::prelude::Event;
+use nostr::prelude::{Event, PublicKey};
 use protocol::nip_oa::Attestation;
 
 use crate::events::rules as events;
@@ -20,16 +20,8 @@ pub async fn register(
     let agent = event.pubkey.to_bytes();
     tx.lock(&format!("{community}:agent:{}", event.pubkey.to_hex()))
         .await?;
-    let existing = tx
-        .one(
-            Q::new("SELECT owner FROM agents WHERE community_id = $1 AND pubkey = $2")
-                .bind(community)
-                .bind(agent),
-        )
-        .await?;
-    match existing {
-        Some(row) => {
-            let owner = row.id32(0)?;
+    match owner_of(tx, community, &agent).await? {
+        Some(owner) => {
             if owner != att.owner.to_bytes() {
                 return Ok(InsertOutcome::Rejected(format!(
                     "invalid: this agent is already owned by {}; ownership is immutable",
@@ -57,4 +49,21 @@ pub async fn register(
     Ok(events::insert(tx, community, event, raw, None)
         .await?
         .of_no_deletion())
+}
+
+/// The agent's NIP-OA owner, if it is registered here.
+pub async fn owner_of(
+    tx: &mut Tx<'_>,
+    community: &str,
+    agent: &[u8; 32],
+) -> Result<Option<[u8; 32]>, StoreError> {
+    let q = Q::new("SELECT owner FROM agents WHERE community_id = $1 AND pubkey = $2");
+    let row = tx.one(q.bind(community).bind(*agent)).await?;
+    row.map(|r| r.id32(0)).transpose()
+}
+
+/// Whether `owner` owns a managed agent registered here.
+pub async fn owns_any(tx: &mut Tx<'_>, community: &str, owner: &PublicKey) -> Result<bool, StoreError> {
+    let q = Q::new("SELECT 1 FROM agents WHERE community_id = $1 AND owner = $2");
+    tx.exists(q.bind(community).bind(owner.to_bytes())).await
 }

@@ -10,18 +10,20 @@
 //! nothing), its `step_id` is `mention`.
 
 use nostr::prelude::{Event, EventBuilder, Keys, Kind, PublicKey, Tag, Timestamp};
-use protocol::api::{DeliverySource, DeliveryStatus, MentionStatus, MENTION_STEP};
+use protocol::api::{DeliverySource, MentionStatus, MENTION_STEP};
 use protocol::nip86::{MentionScope, MentionSetting, MAX_LIST_MENTIONS};
 use serde_json::json;
 
 use super::state::Published;
 use crate::config::DeliveryConfig;
+use crate::delivery::cancel::{cancel_open, Open};
+use crate::delivery::rows::{insert_pending, NewRows};
 use crate::events::notices;
 use crate::events::rules::created_at_of;
 use crate::persistence::db::{Tx, Q};
 use crate::persistence::StoreError;
 use crate::refusal::{Answer, Refusal};
-use crate::workflow::definitions::{is_member, new_id, ACTIVE_ROWS};
+use crate::workflow::definitions::{is_member, new_id};
 use crate::workflow::message::eligible_agents;
 use crate::workflow::triggers::is_agent;
 
@@ -279,19 +281,6 @@ async fn insert_rows(
     cfg: &DeliveryConfig,
     now: i64,
 ) -> Result<Vec<[u8; 32]>, StoreError> {
-    const COLS: usize = 21;
-    if rows.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut q = Q::new(
-        "INSERT INTO workflow_agent_deliveries (community_id, id, workflow_id, run_id, step_id, \
-         target_pubkey, channel, definition_event_id, message_event_id, message_created_at, status, \
-         attempt, max_attempts, next_attempt_at, expires_at, trigger_context, execution_trace, \
-         created_at, updated_at, source, conversation) VALUES ",
-    );
-    let expires = now.saturating_add(i64::try_from(cfg.lifetime_secs).unwrap_or(i64::MAX));
-    let due = now.saturating_add(i64::from(cfg.mention_debounce_secs));
-    let conversation = conversation_of(event, channel);
     let id = event.id.to_hex();
     let context = json!({
         "text": event.content,
@@ -301,37 +290,28 @@ async fn insert_rows(
         "cause": {"type": "event", "id": id},
     })
     .to_string();
-    let d = tx.dialect();
-    for (k, (target, row_id)) in rows.iter().enumerate() {
-        d.push_values_row(&mut q.sql, k, COLS);
-        q = q
-            .bind(community)
-            .bind(row_id.as_str())
-            .bind("")
-            .bind(id.as_str())
-            .bind(MENTION_STEP)
-            .bind(*target)
-            .bind(channel)
-            .bind(event.id.to_bytes())
-            .bind(event.id.to_bytes())
-            .bind(created_at_of(event))
-            .bind(DeliveryStatus::Pending.as_str())
-            .bind(0_i64)
-            .bind(i64::from(cfg.max_attempts))
-            .bind(due)
-            .bind(expires)
-            .bind(context.as_str())
-            .bind("[]")
-            .bind(now)
-            .bind(now)
-            .bind(DeliverySource::Mention.as_str())
-            .bind(conversation.as_str());
-    }
-    debug_assert_eq!(q.binds.len(), rows.len() * COLS);
-    q.sql.push_str(
-        " ON CONFLICT (community_id, run_id, step_id, target_pubkey) DO NOTHING RETURNING target_pubkey",
-    );
-    tx.all(q).await?.iter().map(|r| r.id32(0)).collect()
+    let conversation = conversation_of(event, channel);
+    let shared = NewRows {
+        workflow_id: "",
+        run_id: &id,
+        step_id: MENTION_STEP,
+        channel,
+        definition_event_id: event.id.to_bytes(),
+        message_event_id: event.id.to_bytes(),
+        message_created_at: created_at_of(event),
+        max_attempts: i64::from(cfg.max_attempts),
+        next_attempt_at: now.saturating_add(i64::from(cfg.mention_debounce_secs)),
+        expires_at: now.saturating_add(i64::try_from(cfg.lifetime_secs).unwrap_or(i64::MAX)),
+        trigger_context: &context,
+        execution_trace: "[]",
+        awaited: false,
+        output_schema: None,
+        priority: 0,
+        concurrency: None,
+        source: DeliverySource::Mention,
+        conversation: &conversation,
+    };
+    insert_pending(tx, community, &shared, rows, now).await
 }
 
 /// The conversation a message in `channel` belongs to: its thread
@@ -395,22 +375,8 @@ pub async fn cancel_for_departed(
     departed: &PublicKey,
     now: i64,
 ) -> Result<(), StoreError> {
-    let q = Q::new(format!(
-        "UPDATE workflow_agent_deliveries SET status = 'cancelled', failure_code = 'member_removed', \
-         claim_token = NULL, updated_at = $4 \
-         WHERE community_id = $1 AND channel = $2 AND source = 'mention' AND {ACTIVE_ROWS} \
-         AND (target_pubkey = $3 OR EXISTS (SELECT 1 FROM events e WHERE e.community_id = $1 \
-         AND e.created_at = message_created_at AND e.id = message_event_id AND e.pubkey = $3))"
-    ));
-    let cancelled = tx
-        .exec(
-            q.bind(community)
-                .bind(channel)
-                .bind(departed.to_bytes())
-                .bind(now),
-        )
-        .await?;
-    crate::telemetry::count_transitions("cancelled", "member_removed", cancelled);
+    let theirs = Open::MentionsOf { channel, departed };
+    cancel_open(tx, community, theirs, "member_removed", now).await?;
     Ok(())
 }
 
@@ -426,7 +392,7 @@ pub async fn set(
     scope: &MentionScope,
     on: bool,
 ) -> Answer<(MentionSetting, Option<(Event, String)>)> {
-    let owner = owner_of(tx, community, &scope.agent)
+    let owner = super::agents::owner_of(tx, community, &scope.agent)
         .await?
         .ok_or(Refusal::UnknownAgent)?;
     let (by, admin) = actor;
@@ -510,23 +476,6 @@ async fn notice(
 async fn live_channel(tx: &mut Tx<'_>, community: &str, channel: &str) -> Result<bool, StoreError> {
     let q = Q::new("SELECT 1 FROM channels WHERE community_id = $1 AND id = $2 AND NOT deleted");
     tx.exists(q.bind(community).bind(channel)).await
-}
-
-/// The agent's NIP-OA owner, if it is registered here.
-async fn owner_of(
-    tx: &mut Tx<'_>,
-    community: &str,
-    agent: &[u8; 32],
-) -> Result<Option<[u8; 32]>, StoreError> {
-    let q = Q::new("SELECT owner FROM agents WHERE community_id = $1 AND pubkey = $2");
-    let row = tx.one(q.bind(community).bind(*agent)).await?;
-    row.map(|r| r.id32(0)).transpose()
-}
-
-/// Whether `owner` owns a managed agent registered here.
-pub async fn owns_any(tx: &mut Tx<'_>, community: &str, owner: &PublicKey) -> Result<bool, StoreError> {
-    let q = Q::new("SELECT 1 FROM agents WHERE community_id = $1 AND owner = $2");
-    tx.exists(q.bind(community).bind(owner.to_bytes())).await
 }
 
 /// `listmentions`: where agents take mentions, oldest first (at most

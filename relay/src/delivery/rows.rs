@@ -226,6 +226,88 @@ impl Delivery {
     }
 }
 
+/// What the pending rows made for one message share (a step's or a
+/// mention's); each row adds its id and target.
+pub(crate) struct NewRows<'a> {
+    pub workflow_id: &'a str,
+    pub run_id: &'a str,
+    pub step_id: &'a str,
+    pub channel: &'a str,
+    pub definition_event_id: [u8; 32],
+    pub message_event_id: [u8; 32],
+    pub message_created_at: i64,
+    pub max_attempts: i64,
+    /// Due at (a mention's: after its conversation's debounce).
+    pub next_attempt_at: i64,
+    pub expires_at: i64,
+    pub trigger_context: &'a str,
+    pub execution_trace: &'a str,
+    pub awaited: bool,
+    pub output_schema: Option<String>,
+    pub priority: i64,
+    pub concurrency: Option<i64>,
+    pub source: DeliverySource,
+    pub conversation: &'a str,
+}
+
+/// Inserts one pending row per (target, new id) in one statement; returns
+/// the targets whose row is new (the request key, one row per run, step
+/// and target: a message stored again makes none).
+pub(crate) async fn insert_pending(
+    tx: &mut Tx<'_>,
+    community: &str,
+    shared: &NewRows<'_>,
+    rows: &[([u8; 32], String)],
+    now: i64,
+) -> Result<Vec<[u8; 32]>, StoreError> {
+    use crate::persistence::sql::Bind;
+    const COLS: usize = 25;
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut q = Q::new(
+        "INSERT INTO workflow_agent_deliveries (community_id, id, workflow_id, run_id, step_id, \
+         target_pubkey, channel, definition_event_id, message_event_id, message_created_at, status, \
+         attempt, max_attempts, next_attempt_at, expires_at, trigger_context, execution_trace, \
+         created_at, updated_at, awaited, output_schema, priority, concurrency, source, conversation) VALUES ",
+    );
+    let d = tx.dialect();
+    for (k, (target, id)) in rows.iter().enumerate() {
+        d.push_values_row(&mut q.sql, k, COLS);
+        q = q
+            .bind(community)
+            .bind(id.as_str())
+            .bind(shared.workflow_id)
+            .bind(shared.run_id)
+            .bind(shared.step_id)
+            .bind(*target)
+            .bind(shared.channel)
+            .bind(shared.definition_event_id)
+            .bind(shared.message_event_id)
+            .bind(shared.message_created_at)
+            .bind(Status::Pending.as_str())
+            .bind(0_i64)
+            .bind(shared.max_attempts)
+            .bind(shared.next_attempt_at)
+            .bind(shared.expires_at)
+            .bind(shared.trigger_context)
+            .bind(shared.execution_trace)
+            .bind(now)
+            .bind(now)
+            .bind(shared.awaited)
+            .bind(Bind::OptText(shared.output_schema.clone()))
+            .bind(shared.priority)
+            .bind(Bind::OptInt(shared.concurrency))
+            .bind(shared.source.as_str())
+            .bind(shared.conversation);
+    }
+    debug_assert_eq!(q.binds.len(), rows.len() * COLS);
+    q.sql.push_str(
+        " ON CONFLICT (community_id, run_id, step_id, target_pubkey) DO NOTHING RETURNING target_pubkey",
+    );
+    tx.all(q).await?.iter().map(|r| r.id32(0)).collect()
+}
+
 pub(crate) async fn load(tx: &mut Tx<'_>, community: &str, id: &str) -> Result<Option<Delivery>, StoreError> {
     Ok(load_with_membership(tx, community, id).await?.map(|(d, _)| d))
 }

@@ -468,7 +468,7 @@ impl Store {
     /// Whether `owner` owns a managed agent here.
     pub async fn owns_agent(&self, community: &str, owner: &PublicKey) -> Result<bool, StoreError> {
         let mut tx = self.pool.read().await?;
-        mentions::owns_any(&mut tx, community, owner).await
+        crate::channels::agents::owns_any(&mut tx, community, owner).await
     }
 
     /// Whether `owner` owns a workflow here.

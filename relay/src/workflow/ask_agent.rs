@@ -12,7 +12,7 @@ use super::step::{json_of, Failure, Next, RunStep, StepCtx, StepOutcome};
 use crate::faults;
 use crate::persistence::db::{named, Tx, Q};
 use crate::persistence::StoreError;
-use crate::workflow::definitions::ACTIVE_ROWS;
+use crate::delivery::cancel::{cancel_open, Open};
 
 impl RunStep for AskAgent {
     async fn start(&self, tx: &mut Tx<'_>, c: &StepCtx<'_>, out: &mut StepOutcome) -> Result<Next, StoreError> {
@@ -136,19 +136,11 @@ pub(crate) async fn step_rows(tx: &mut Tx<'_>, c: &StepCtx<'_>) -> Result<Vec<St
 /// Cancels the current step's open rows (an `any` step answered, or the
 /// step timed out): their holders' finishes then answer 410.
 async fn cancel_open_rows(tx: &mut Tx<'_>, c: &StepCtx<'_>, code: &str) -> Result<(), StoreError> {
-    let cancelled = tx.exec(
-        Q::new(format!(
-            "UPDATE workflow_agent_deliveries SET status = 'cancelled', failure_code = $4, claim_token = NULL, \
-             updated_at = $5 WHERE community_id = $1 AND run_id = $2 AND step_id = $3 AND {ACTIVE_ROWS}"
-        ))
-        .bind(c.community)
-        .bind(c.run_id)
-        .bind(c.step().id())
-        .bind(code)
-        .bind(c.now),
-    )
-    .await?;
-    crate::telemetry::count_transitions("cancelled", code, cancelled);
+    let step = Open::Step {
+        run: c.run_id,
+        step: c.step().id(),
+    };
+    cancel_open(tx, c.community, step, code, c.now).await?;
     Ok(())
 }
 

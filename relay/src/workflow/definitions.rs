@@ -6,6 +6,7 @@
 use nostr::prelude::{Event, Keys, PublicKey, Tag};
 use protocol::workflow::{self, Definition, Trigger, Validated};
 
+use crate::delivery::cancel::{cancel_open, Open};
 use crate::events::rules as events;
 use crate::events::rules::Deleted;
 use crate::events::InsertOutcome;
@@ -240,15 +241,6 @@ async fn on_definition_deleted(
     Ok(())
 }
 
-/// The deliveries still open (pending or claimed), written as an OR so that
-/// each arm reads its own partial index (`deliveries_due` or
-/// `deliveries_pending_expiry`, and `deliveries_claimed`; a bitmap OR on
-/// PostgreSQL): the cancellations touch only open rows, without an index of
-/// their own (migration 0005 on PostgreSQL, 0007 on SQLite, says why).
-/// These are the states the machine cancels (`machine::Event::Cancel`;
-/// the test below holds the two together).
-pub(crate) const ACTIVE_ROWS: &str = "(status = 'pending' OR status = 'claimed')";
-
 /// Cancels a workflow's running runs and open deliveries.
 pub async fn cancel_workflow(tx: &mut Tx<'_>, community: &str, workflow_id: &str) -> Result<(), StoreError> {
     let now = tx.now().await?;
@@ -263,19 +255,14 @@ pub async fn cancel_workflow(tx: &mut Tx<'_>, community: &str, workflow_id: &str
         .bind(now),
     )
     .await?;
-    let cancelled = tx
-        .exec(
-            Q::new(format!(
-            "UPDATE workflow_agent_deliveries SET status = 'cancelled', failure_code = 'workflow_disabled', \
-             claim_token = NULL, updated_at = $3 \
-             WHERE community_id = $1 AND workflow_id = $2 AND {ACTIVE_ROWS}"
-        ))
-            .bind(community)
-            .bind(workflow_id)
-            .bind(now),
-        )
-        .await?;
-    crate::telemetry::count_transitions("cancelled", "workflow_disabled", cancelled);
+    cancel_open(
+        tx,
+        community,
+        Open::Workflow(workflow_id),
+        "workflow_disabled",
+        now,
+    )
+    .await?;
     Ok(())
 }
 
@@ -353,19 +340,7 @@ pub async fn cancel_channel(tx: &mut Tx<'_>, community: &str, channel: &str) -> 
         .bind(now),
     )
     .await?;
-    let cancelled = tx
-        .exec(
-            Q::new(format!(
-            "UPDATE workflow_agent_deliveries SET status = 'cancelled', failure_code = 'channel_deleted', \
-             claim_token = NULL, updated_at = $3 \
-             WHERE community_id = $1 AND channel = $2 AND {ACTIVE_ROWS}"
-        ))
-            .bind(community)
-            .bind(channel)
-            .bind(now),
-        )
-        .await?;
-    crate::telemetry::count_transitions("cancelled", "channel_deleted", cancelled);
+    cancel_open(tx, community, Open::Channel(channel), "channel_deleted", now).await?;
     Ok(())
 }
 
@@ -519,34 +494,4 @@ pub async fn is_member(
             .bind(*owner),
     )
     .await
-}
-
-#[cfg(test)]
-mod tests {
-    use protocol::api::DeliveryStatus;
-
-    use super::ACTIVE_ROWS;
-    use crate::delivery::machine::{transition, Event, State, Transition};
-
-    #[test]
-    fn bulk_cancellation_touches_the_states_the_machine_cancels() {
-        for status in DeliveryStatus::ALL {
-            let row = State {
-                status: *status,
-                attempt: 1,
-                max_attempts: 3,
-                claim_token: Some("t"),
-                claim_expires_at: Some(10),
-                next_attempt_at: 0,
-                expires_at: 100,
-                records_operations: false,
-                revising: false,
-                in_flight: Default::default(),
-                conversation_busy: false,
-            };
-            let cancels = transition(&row, Event::Cancel, 5) == Ok(Transition::Cancel);
-            let touched = ACTIVE_ROWS.contains(&format!("'{}'", status.as_str()));
-            assert_eq!(cancels, touched, "{status:?}");
-        }
-    }
 }

@@ -3,13 +3,14 @@
 //! per recipient that is a managed agent and a member.
 
 use nostr::prelude::{Event, EventBuilder, Keys, Kind, PublicKey, Tag, Timestamp};
-use protocol::api::{CauseKind, DeliveryStatus};
+use protocol::api::{CauseKind, DeliverySource};
 use protocol::template::Template;
 use protocol::workflow::{self, MessageBinding};
 
 use super::step::{json_of, Failure, NewDelivery, RunRow, StepCtx, StepOutcome};
 use crate::admission;
 use crate::config::{DeliveryConfig, Limits};
+use crate::delivery::rows::{insert_pending, NewRows};
 use crate::events::rules as events;
 use crate::events::rules::created_at_of;
 use crate::events::InsertOutcome;
@@ -363,46 +364,27 @@ async fn insert_rows(
     now: i64,
     awaited: bool,
 ) -> Result<Vec<[u8; 32]>, StoreError> {
-    const COLS: usize = 23;
-    let mut q = Q::new(
-        "INSERT INTO workflow_agent_deliveries (community_id, id, workflow_id, run_id, step_id, \
-         target_pubkey, channel, definition_event_id, message_event_id, message_created_at, status, \
-         attempt, max_attempts, next_attempt_at, expires_at, trigger_context, execution_trace, \
-         created_at, updated_at, awaited, output_schema, priority, concurrency) VALUES ",
-    );
-    let expires = now.saturating_add(i64::try_from(cfg.lifetime_secs).unwrap_or(i64::MAX));
     let (context, trace) = (b.run.trigger_context.to_string(), b.run.trace_json().to_string());
-    let d = tx.dialect();
-    for (k, (target, id)) in rows.iter().enumerate() {
-        d.push_values_row(&mut q.sql, k, COLS);
-        q = q
-            .bind(community)
-            .bind(id.as_str())
-            .bind(b.run.workflow_id.as_str())
-            .bind(b.run_id)
-            .bind(b.step_id)
-            .bind(target.to_bytes())
-            .bind(b.run.channel.as_str())
-            .bind(b.run.definition_event_id)
-            .bind(message.id.to_bytes())
-            .bind(created_at_of(message))
-            .bind(DeliveryStatus::Pending.as_str())
-            .bind(0_i64)
-            .bind(i64::from(cfg.max_attempts))
-            .bind(now)
-            .bind(expires)
-            .bind(context.as_str())
-            .bind(trace.as_str())
-            .bind(now)
-            .bind(now)
-            .bind(awaited)
-            .bind(crate::persistence::sql::Bind::OptText(b.output.clone()))
-            .bind(b.priority)
-            .bind(crate::persistence::sql::Bind::OptInt(b.concurrency));
-    }
-    debug_assert_eq!(q.binds.len(), rows.len() * COLS);
-    q.sql.push_str(
-        " ON CONFLICT (community_id, run_id, step_id, target_pubkey) DO NOTHING RETURNING target_pubkey",
-    );
-    tx.all(q).await?.iter().map(|r| r.id32(0)).collect()
+    let shared = NewRows {
+        workflow_id: b.run.workflow_id.as_str(),
+        run_id: b.run_id,
+        step_id: b.step_id,
+        channel: b.run.channel.as_str(),
+        definition_event_id: b.run.definition_event_id,
+        message_event_id: message.id.to_bytes(),
+        message_created_at: created_at_of(message),
+        max_attempts: i64::from(cfg.max_attempts),
+        next_attempt_at: now,
+        expires_at: now.saturating_add(i64::try_from(cfg.lifetime_secs).unwrap_or(i64::MAX)),
+        trigger_context: &context,
+        execution_trace: &trace,
+        awaited,
+        output_schema: b.output.clone(),
+        priority: b.priority,
+        concurrency: b.concurrency,
+        source: DeliverySource::Workflow,
+        conversation: "",
+    };
+    let rows: Vec<([u8; 32], String)> = rows.iter().map(|(t, id)| (t.to_bytes(), id.clone())).collect();
+    insert_pending(tx, community, &shared, &rows, now).await
 }

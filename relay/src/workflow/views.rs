@@ -6,10 +6,11 @@ use protocol::workflow::{Action, Definition, Step};
 use serde_json::Value;
 
 use super::step::{end_run, load_run, Failure, TraceEntry};
+use crate::delivery::cancel::{cancel_open, Open};
 use crate::persistence::db::{named, Pool, Row, Tx, Q};
 use crate::persistence::StoreError;
 use crate::refusal::{Answer, Refusal};
-use crate::workflow::definitions::{load_definition, ACTIVE_ROWS};
+use crate::workflow::definitions::load_definition;
 
 /// A run (`r`) whose workflow is not paused: a paused workflow's runs
 /// wait, wherever they are, until it is resumed.
@@ -120,18 +121,7 @@ pub async fn cancel_by(tx: &mut Tx<'_>, community: &str, run_id: &str, why: &str
         Some(Failure::new("cancelled", why)),
     )
     .await?;
-    let cancelled = tx
-        .exec(
-            Q::new(format!(
-                "UPDATE workflow_agent_deliveries SET status = 'cancelled', failure_code = 'run_cancelled', \
-             claim_token = NULL, updated_at = $3 WHERE community_id = $1 AND run_id = $2 AND {ACTIVE_ROWS}"
-            ))
-            .bind(community)
-            .bind(run_id)
-            .bind(now),
-        )
-        .await?;
-    crate::telemetry::count_transitions("cancelled", "run_cancelled", cancelled);
+    cancel_open(tx, community, Open::Run(run_id), "run_cancelled", now).await?;
     Ok(())
 }
 

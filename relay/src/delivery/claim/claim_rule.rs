@@ -1,0 +1,289 @@
+//! The claim rule said once: every status, every way a row can be due
+//! or not, every cap and every state of a mention's conversation, through
+//! the machine (with the counts it loads) and through the claim paths on a
+//! real SQLite file.
+
+use super::{claim_by_name, claim_first, claim_named, machine, Grant, On, Transition};
+use crate::persistence::db::{Tx, Q};
+use crate::persistence::sqlite;
+use crate::persistence::OpenMode;
+use nostr::prelude::{Keys, PublicKey};
+use protocol::api::DeliveryStatus as Status;
+use protocol::api::Expected;
+
+const NOW: i64 = 1_000_000;
+const LEASE: i64 = 30;
+const ALL: [Status; 6] = [
+    Status::Pending,
+    Status::Claimed,
+    Status::Delivered,
+    Status::Failed,
+    Status::Expired,
+    Status::Cancelled,
+];
+
+/// One row to claim: its status and times, and whether the claimer is
+/// its target.
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    status: Status,
+    is_target: bool,
+    next_attempt_at: i64,
+    expires_at: i64,
+    revising: bool,
+    caps: Caps,
+    talk: Talk,
+}
+
+/// The case's row's conversation, and what else of it is open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Talk {
+    /// A workflow's row: no conversation.
+    Alone,
+    /// A mention with nothing else open in its conversation.
+    Quiet,
+    /// Another row of its conversation is claimed (a turn holds it).
+    Held,
+    /// Another row of it is pending, not yet due (its debounce).
+    Speaking,
+}
+
+/// The caps a case's row is under, and whether one claimed row of the
+/// same workflow and agent is held already.
+#[derive(Debug, Clone, Copy)]
+struct Caps {
+    workflow: Option<i64>,
+    agent: Option<i64>,
+    held: bool,
+}
+
+const CAPS: [Caps; 5] = [
+    Caps {
+        workflow: None,
+        agent: None,
+        held: false,
+    },
+    Caps {
+        workflow: None,
+        agent: None,
+        held: true,
+    },
+    Caps {
+        workflow: Some(1),
+        agent: None,
+        held: true,
+    },
+    Caps {
+        workflow: None,
+        agent: Some(1),
+        held: true,
+    },
+    Caps {
+        workflow: Some(2),
+        agent: Some(2),
+        held: true,
+    },
+];
+
+fn cases() -> Vec<Case> {
+    let mut out = Vec::new();
+    for status in ALL {
+        for is_target in [true, false] {
+            for next_attempt_at in [NOW - 1, NOW, NOW + 1] {
+                for expires_at in [NOW - 1, NOW, NOW + LEASE - 1, NOW + LEASE, NOW + 1_000] {
+                    for revising in [false, true] {
+                        for (k, caps) in CAPS.into_iter().enumerate() {
+                            // Conversations under no cap: a mention has none.
+                            let talks: &[Talk] = if k == 0 {
+                                &[Talk::Alone, Talk::Quiet, Talk::Held, Talk::Speaking]
+                            } else {
+                                &[Talk::Alone]
+                            };
+                            for &talk in talks {
+                                out.push(Case {
+                                    status,
+                                    is_target,
+                                    next_attempt_at,
+                                    expires_at,
+                                    revising,
+                                    caps,
+                                    talk,
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn machine_claims(c: &Case) -> Option<Transition> {
+    let state = machine::State {
+        status: c.status,
+        attempt: 1,
+        max_attempts: 3,
+        claim_token: (c.status == Status::Claimed).then_some("held"),
+        claim_expires_at: (c.status == Status::Claimed).then_some(NOW + 5),
+        next_attempt_at: c.next_attempt_at,
+        expires_at: c.expires_at,
+        records_operations: false,
+        revising: c.revising,
+        in_flight: machine::InFlight {
+            workflow: i64::from(c.caps.held),
+            workflow_cap: c.caps.workflow,
+            agent: i64::from(c.caps.held),
+            agent_cap: c.caps.agent,
+        },
+        conversation_busy: matches!(c.talk, Talk::Held | Talk::Speaking),
+    };
+    let asked = On::Claim {
+        is_target: c.is_target,
+        lease_secs: LEASE,
+    };
+    match machine::transition(&state, asked, NOW) {
+        Ok(t @ Transition::Claim { .. }) => Some(t),
+        _ => None,
+    }
+}
+
+async fn insert(tx: &mut Tx<'_>, community: &str, target: &PublicKey, c: &Case) {
+    let q = Q::new(
+        "INSERT INTO workflow_agent_deliveries (community_id, id, workflow_id, run_id, step_id, \
+         target_pubkey, channel, definition_event_id, message_event_id, message_created_at, status, \
+         attempt, max_attempts, claim_token, claim_expires_at, next_attempt_at, expires_at, \
+         trigger_context, execution_trace, created_at, updated_at, output_errors, concurrency, conversation) \
+         VALUES ($1, 'd', 'w', 'r', 's', $2, 'ch', $3, $4, 1, $5, 1, 3, $6, $7, $8, $9, '{}', '[]', 1, 1, $10, $11, $12)",
+    )
+    .bind(community)
+    .bind(target.to_bytes())
+    .bind(vec![1u8; 32])
+    .bind(vec![2u8; 32])
+    .bind(c.status.as_str())
+    .bind(crate::persistence::sql::Bind::OptText((c.status == Status::Claimed).then(|| "held".to_string())))
+    .bind((c.status == Status::Claimed).then_some(NOW + 5))
+    .bind(c.next_attempt_at)
+    .bind(c.expires_at)
+    .bind(crate::persistence::sql::Bind::OptText(c.revising.then(|| "refused".to_string())))
+    .bind(crate::persistence::sql::Bind::OptInt(c.caps.workflow))
+    .bind(if c.talk == Talk::Alone { "" } else { "ch" });
+    tx.exec(q).await.expect("insert");
+    if matches!(c.talk, Talk::Held | Talk::Speaking) {
+        let (status, token, due) = match c.talk {
+            Talk::Held => ("claimed", Some("other".to_string()), NOW - 5),
+            _ => ("pending", None, NOW + 5),
+        };
+        let q = Q::new(
+            "INSERT INTO workflow_agent_deliveries (community_id, id, workflow_id, run_id, step_id, \
+             target_pubkey, channel, definition_event_id, message_event_id, message_created_at, status, \
+             attempt, max_attempts, claim_token, claim_expires_at, next_attempt_at, expires_at, \
+             trigger_context, execution_trace, created_at, updated_at, conversation) \
+             VALUES ($1, 'talk', '', 'r', 'talk', $2, 'ch', $3, $4, 1, $5, 1, 3, $6, $7, $8, $9, \
+             '{}', '[]', 0, 0, 'ch')",
+        )
+        .bind(community)
+        .bind(target.to_bytes())
+        .bind(vec![1u8; 32])
+        .bind(vec![4u8; 32])
+        .bind(status)
+        .bind(crate::persistence::sql::Bind::OptText(token))
+        .bind((c.talk == Talk::Held).then_some(NOW + 5))
+        .bind(due)
+        .bind(NOW + 1_000);
+        tx.exec(q).await.expect("insert the conversation's other row");
+    }
+    if c.caps.held {
+        let q = Q::new(
+            "INSERT INTO workflow_agent_deliveries (community_id, id, workflow_id, run_id, step_id, \
+             target_pubkey, channel, definition_event_id, message_event_id, message_created_at, status, \
+             attempt, max_attempts, claim_token, claim_expires_at, next_attempt_at, expires_at, \
+             trigger_context, execution_trace, created_at, updated_at) \
+             VALUES ($1, 'held', 'w', 'r', 'held', $2, 'ch', $3, $4, 1, 'claimed', 1, 3, 'other', $5, 0, $6, \
+             '{}', '[]', 0, 0)",
+        )
+        .bind(community)
+        .bind(target.to_bytes())
+        .bind(vec![1u8; 32])
+        .bind(vec![3u8; 32])
+        .bind(NOW + 5)
+        .bind(NOW + 1_000);
+        tx.exec(q).await.expect("insert the held row");
+    }
+}
+
+fn grant(c: &Case) -> Grant {
+    Grant {
+        token: "new".into(),
+        claim_expires_at: NOW + LEASE,
+        records_operations: true,
+        now: NOW,
+        agent_cap: c.caps.agent,
+    }
+}
+
+#[tokio::test]
+async fn the_machine_and_both_claim_statements_agree_on_every_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("claims.db").display());
+    let opened = sqlite::open(&url, &Default::default(), OpenMode::Create)
+        .await
+        .expect("open");
+    // The rows stand alone: no run, message or definition behind them.
+    opened
+        .writer
+        .exec(&Q::new("PRAGMA foreign_keys = OFF"))
+        .await
+        .unwrap();
+    let mut tx = Tx::SqliteWrite(opened.writer.begin().await.unwrap());
+    let (caller, other) = (Keys::generate().public_key(), Keys::generate().public_key());
+    let expected = Expected {
+        run_id: "r".into(),
+        step_id: "s".into(),
+        definition_event_id: hex::encode([1u8; 32]),
+        message_event_id: hex::encode([2u8; 32]),
+        channel: "ch".into(),
+    };
+    let mut claimed = 0;
+    for (i, case) in cases().iter().enumerate() {
+        let decided = machine_claims(case);
+        let target = if case.is_target { caller } else { other };
+        let (named, oldest, loaded) = (format!("named{i}"), format!("oldest{i}"), format!("loaded{i}"));
+        insert(&mut tx, &named, &target, case).await;
+        insert(&mut tx, &oldest, &target, case).await;
+        insert(&mut tx, &loaded, &target, case).await;
+        let by_id = claim_by_name(
+            &mut tx,
+            &named,
+            &caller,
+            "d",
+            Some(&expected),
+            LEASE,
+            &grant(case),
+        )
+        .await
+        .unwrap_or(None);
+        let by_age = claim_first(&mut tx, &oldest, &caller, LEASE, &grant(case))
+            .await
+            .expect("claim oldest");
+        // The machine's own path, with the counts it loads.
+        let by_machine = claim_named(&mut tx, &loaded, &caller, "d", None, LEASE, &grant(case))
+            .await
+            .unwrap_or(None);
+        for (path, got) in [("by id", by_id), ("oldest", by_age), ("loaded", by_machine)] {
+            if let Some(turn) = &got {
+                assert!(turn.joined.is_empty(), "{path}: nothing else is due in {case:?}");
+            }
+            let got = got.map(|t| t.lead).map(|d| Transition::Claim {
+                attempt: d.attempt,
+                claim_expires_at: d.claim_expires_at.expect("a lease"),
+            });
+            assert_eq!(got, decided, "{path}: {case:?}");
+        }
+        claimed += usize::from(decided.is_some());
+    }
+    // Due, alive with room for the lease, pending, the caller's: 2 x 2,
+    // under no cap, or under caps with room (3 of the 5 cap cases), and
+    // a mention alone in its conversation.
+    assert_eq!(claimed, 4 * 3 + 4);
+}
