@@ -117,8 +117,11 @@ pub async fn wake_delivery(
 /// only costs the agent a claim that finds nothing). Rows of the same
 /// workflow for other agents are found by those agents' polls.
 pub async fn wake_next(state: &AppState, community: &str, keys: &Keys, agent: &nostr::prelude::PublicKey) {
-    let cap = state.cfg.deliveries.agent_cap();
-    match state.store.next_claimable(community, agent, cap).await {
+    match state
+        .store
+        .next_claimable(community, agent, &state.cfg.deliveries)
+        .await
+    {
         Ok(Some(d)) => wake_delivery(state, community, keys, &d).await,
         Ok(None) => {}
         Err(e) => tracing::warn!(community, error = %e, "looking for the next row under a cap failed"),

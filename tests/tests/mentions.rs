@@ -23,6 +23,7 @@ backend_tests!(
     the_sender_sees_its_mention_queued_then_worked_on,
     mentions_said_together_are_one_turn_and_threads_are_their_own,
     two_processes_of_one_agent_answer_a_turn_once,
+    a_conversation_that_never_goes_quiet_is_answered_within_its_longest_wait,
 );
 
 const FAST_DELIVERIES: &str =
@@ -681,5 +682,38 @@ async fn two_processes_of_one_agent_answer_a_turn_once(backend: Backend) {
         answer.content,
         format!("echo: {}", next.content),
         "the turn was answered twice"
+    );
+}
+
+/// A conversation mentioned every second never goes quiet for the 2 s
+/// debounce: once its oldest mention has waited `mention_max_wait_secs`
+/// (3 here), the agent takes the turn anyway, while the mentions go on.
+async fn a_conversation_that_never_goes_quiet_is_answered_within_its_longest_wait(backend: Backend) {
+    let relay = start_with(&backend, &Keys::generate(), "mention_max_wait_secs = 3\n");
+    let fx = Fixture::new(&relay, "ops", 1).await;
+    let agent = fx.agents[0].clone();
+    mentions_on(&relay, &fx.owner, &agent).await;
+    let (person, mut c) = member(&relay, "ops").await;
+    let mut watcher = watching(&relay, &person, &agent).await;
+    let _agent = echo_agent(&relay, &agent, &fx.owner);
+    let mut said = Vec::new();
+    let reply = loop {
+        assert!(
+            said.len() < 30,
+            "no answer while the conversation went on (30 mentions, a second apart)"
+        );
+        let m = mention(&person, "ops", &format!("@agent and {}", said.len()), &[&agent]);
+        c.publish_ok(&m).await;
+        said.push(m);
+        if let Ok(reply) = tokio::time::timeout(Duration::from_secs(1), watcher.next_event("chan")).await {
+            break reply;
+        }
+    };
+    let first = rows_until(&relay, &said[0], 1, |r| r["status"] == "delivered").await;
+    assert_eq!(
+        first[0]["reply_event_id"],
+        json!(reply.id.to_hex()),
+        "{}",
+        reply.content
     );
 }

@@ -360,8 +360,12 @@ impl Config {
                 "deliveries: mentions_per_hour must be > 0, mentions_per_day >= mentions_per_hour".into(),
             );
         }
-        if d.mention_debounce_secs > 60 {
-            return Err("deliveries: mention_debounce_secs must be at most 60".into());
+        if d.mention_debounce_secs > 60
+            || !(d.mention_debounce_secs..=3600).contains(&d.mention_max_wait_secs)
+        {
+            return Err(
+                "deliveries: mention_debounce_secs at most 60, mention_max_wait_secs from it to 3600".into(),
+            );
         }
         if !(1..=64).contains(&self.workflows.concurrent_runs) {
             return Err("workflows.concurrent_runs must be between 1 and 64".into());

@@ -117,6 +117,10 @@ pub struct DeliveryConfig {
     /// its mentions as one turn (seconds, by the database clock; 0: at
     /// once). A mention's row is due this long after it is stored.
     pub mention_debounce_secs: u32,
+    /// The longest a mention waits for its conversation to go quiet
+    /// (seconds): one stored this long ago is claimable, with its turn,
+    /// even while the conversation goes on.
+    pub mention_max_wait_secs: u32,
 }
 
 impl Default for DeliveryConfig {
@@ -137,6 +141,7 @@ impl Default for DeliveryConfig {
             mentions_per_day: 1_000,
             mentions_per_sender_per_hour: 0,
             mention_debounce_secs: 2,
+            mention_max_wait_secs: 10,
         }
     }
 }
@@ -146,6 +151,12 @@ impl DeliveryConfig {
     /// (`agent_concurrency`; `None`: no cap).
     pub fn agent_cap(&self) -> Option<i64> {
         (self.agent_concurrency > 0).then_some(i64::from(self.agent_concurrency))
+    }
+
+    /// By the database clock `now`, when a mention stored then has waited
+    /// `mention_max_wait_secs` for its conversation to go quiet.
+    pub fn waited_since(&self, now: i64) -> i64 {
+        now.saturating_sub(i64::from(self.mention_max_wait_secs))
     }
 
     /// Backoff before attempt `attempt + 1`, after attempt `attempt` (>= 1) asked to retry.

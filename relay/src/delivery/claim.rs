@@ -55,6 +55,9 @@ struct ClaimBinds {
     lease_end: &'static str,
     /// The relay's `agent_concurrency` (0: no cap).
     agent_cap: &'static str,
+    /// The clock less `deliveries.mention_max_wait_secs`: a mention stored
+    /// by then has waited long enough for its conversation to go quiet.
+    waited_since: &'static str,
 }
 
 /// How a claim statement reaches its row: by its key (the status test that
@@ -90,16 +93,17 @@ fn claim_sql(rule: &[Claimable], b: &ClaimBinds, reach: Reach) -> String {
         ),
         Claimable::ConversationFree => {
             let row = "workflow_agent_deliveries";
-            format!(
-                "({row}.conversation = '' OR NOT EXISTS (SELECT 1 FROM {row} talk WHERE {}))",
-                talk_of(
-                    &format!("{row}.community_id"),
-                    &format!("{row}.target_pubkey"),
-                    &format!("{row}.conversation"),
-                    &format!("{row}.id"),
-                    b.now
-                )
-            )
+            let busy = busy_sql(
+                &Talk {
+                    community: &format!("{row}.community_id"),
+                    target: &format!("{row}.target_pubkey"),
+                    conversation: &format!("{row}.conversation"),
+                    id: &format!("{row}.id"),
+                },
+                b.now,
+                b.waited_since,
+            );
+            format!("({row}.conversation = '' OR NOT {busy})")
         }
     };
     rule.iter().map(|c| clause(*c)).collect::<Vec<_>>().join(" AND ")
@@ -116,15 +120,37 @@ const JOIN_RULE: [Claimable; 5] = [
     Claimable::NotRevising,
 ];
 
-/// The rows (alias `talk`) that keep a conversation from being claimed
-/// (SQL expressions for the row's community, agent, conversation and id,
-/// and the clock): another row of it that is claimed (a turn holds it) or
-/// pending but not yet due (it waits out its debounce, or a backoff).
-fn talk_of(community: &str, target: &str, conversation: &str, id: &str, now: &str) -> String {
+/// A row whose conversation is looked at, as SQL expressions (its
+/// columns, or binds).
+struct Talk<'a> {
+    community: &'a str,
+    target: &'a str,
+    conversation: &'a str,
+    id: &'a str,
+}
+
+/// Whether `row`'s conversation is busy at `now` (an SQL condition): another
+/// row of it is claimed (a turn holds it), or one is pending but not yet
+/// due (the conversation is still speaking: its debounce, or a backoff)
+/// while none of its pending rows was stored by `waited_since` (one that
+/// waited that long has the conversation taken even while it goes on).
+fn busy_sql(row: &Talk<'_>, now: &str, waited_since: &str) -> String {
+    let Talk {
+        community,
+        target,
+        conversation,
+        id,
+    } = row;
+    let rows = "SELECT 1 FROM workflow_agent_deliveries talk";
+    let of_it = format!(
+        "talk.community_id = {community} AND talk.target_pubkey = {target} \
+         AND talk.conversation = {conversation} AND talk.conversation <> ''"
+    );
     format!(
-        "talk.community_id = {community} AND talk.target_pubkey = {target} AND talk.conversation = {conversation} \
-         AND talk.conversation <> '' AND talk.status IN ('pending', 'claimed') AND talk.id <> {id} \
-         AND (talk.status = 'claimed' OR talk.next_attempt_at > {now})"
+        "(EXISTS ({rows} WHERE {of_it} AND talk.id <> {id} AND talk.status = 'claimed') \
+         OR (EXISTS ({rows} WHERE {of_it} AND talk.id <> {id} AND talk.status = 'pending' \
+         AND talk.next_attempt_at > {now}) \
+         AND NOT EXISTS ({rows} WHERE {of_it} AND talk.status = 'pending' AND talk.created_at <= {waited_since})))"
     )
 }
 
@@ -159,6 +185,7 @@ static CLAIM_AS_EXPECTED: LazyLock<String> = LazyLock::new(|| {
             now: "$6",
             lease_end: "$4",
             agent_cap: "$13",
+            waited_since: "$14",
         },
         Reach::ByKey,
     );
@@ -184,6 +211,7 @@ fn claim_oldest_sql(skip: &str) -> String {
             now: "$6",
             lease_end: "$4",
             agent_cap: "$7",
+            waited_since: "$8",
         },
         Reach::ByPendingIndex,
     );
@@ -206,6 +234,7 @@ fn oldest_turn_sql(skip: &str) -> String {
             now: "$3",
             lease_end: "$4",
             agent_cap: "$5",
+            waited_since: "$6",
         },
         Reach::ByPendingIndex,
     );
@@ -267,6 +296,7 @@ pub async fn claim(
         records_operations: req.records_operations.unwrap_or(false),
         now,
         agent_cap: cfg.agent_cap(),
+        waited_since: cfg.waited_since(now),
     };
     match &req.delivery_id {
         None => claim_first(tx, community, caller, lease, &grant).await,
@@ -325,6 +355,9 @@ struct Grant {
     /// The claimed rows the caller may hold in the community
     /// (`deliveries.agent_concurrency`; `None`: no cap).
     agent_cap: Option<i64>,
+    /// A mention stored by then has waited long enough
+    /// (`deliveries.mention_max_wait_secs`, [`ClaimBinds::waited_since`]).
+    waited_since: i64,
 }
 
 /// The `SET` of a claim; its binds are `$3`..`$6` ([`Grant::bind`]).
@@ -369,7 +402,8 @@ async fn claim_as_expected(
         .bind(e.channel.as_str())
         .bind(def)
         .bind(msg)
-        .bind(grant.agent_cap.unwrap_or(0));
+        .bind(grant.agent_cap.unwrap_or(0))
+        .bind(grant.waited_since);
     tx.one(q).await?.as_ref().map(delivery).transpose()
 }
 
@@ -408,7 +442,7 @@ async fn claim_named(
         if !tx.try_lock(&turn_key(community, &d)).await? {
             return Ok(None);
         }
-        state.conversation_busy = conversation_busy(tx, community, &d, grant.now).await?;
+        state.conversation_busy = conversation_busy(tx, community, &d, grant).await?;
         decided = machine::transition(&state, asked, grant.now);
     }
     match decided? {
@@ -441,20 +475,24 @@ async fn conversation_busy(
     tx: &mut Tx<'_>,
     community: &str,
     d: &Delivery,
-    now: i64,
+    grant: &Grant,
 ) -> Result<bool, StoreError> {
     static BUSY: LazyLock<String> = LazyLock::new(|| {
-        format!(
-            "SELECT 1 FROM workflow_agent_deliveries talk WHERE {} LIMIT 1",
-            talk_of("$1", "$2", "$3", "$4", "$5")
-        )
+        let row = Talk {
+            community: "$1",
+            target: "$2",
+            conversation: "$3",
+            id: "$4",
+        };
+        format!("SELECT 1 WHERE {}", busy_sql(&row, "$5", "$6"))
     });
     let q = Q::new(BUSY.as_str())
         .bind(community)
         .bind(d.target.to_vec())
         .bind(d.conversation.as_str())
         .bind(d.id.as_str())
-        .bind(now);
+        .bind(grant.now)
+        .bind(grant.waited_since);
     tx.exists(q).await
 }
 
@@ -475,6 +513,7 @@ async fn claim_turn(
                 now: "$6",
                 lease_end: "$4",
                 agent_cap: "0",
+                waited_since: "0",
             },
             Reach::ByPendingIndex,
         );
@@ -530,7 +569,8 @@ async fn oldest_turn(
         .bind(caller.to_bytes())
         .bind(grant.now)
         .bind(grant.claim_expires_at)
-        .bind(grant.agent_cap.unwrap_or(0));
+        .bind(grant.agent_cap.unwrap_or(0))
+        .bind(grant.waited_since);
     tx.one(q).await?.map(|r| r.text("id")).transpose()
 }
 
@@ -547,7 +587,10 @@ async fn claim_oldest(
         Dialect::Sqlite => CLAIM_OLDEST_SQLITE.as_str(),
     };
     let q = Q::new(sql).bind(community).bind(caller.to_bytes());
-    let q = grant.bind(q).bind(grant.agent_cap.unwrap_or(0));
+    let q = grant
+        .bind(q)
+        .bind(grant.agent_cap.unwrap_or(0))
+        .bind(grant.waited_since);
     tx.one(q).await?.as_ref().map(delivery).transpose()
 }
 
@@ -558,7 +601,7 @@ pub async fn next_claimable(
     tx: &mut Tx<'_>,
     community: &str,
     agent: &[u8; 32],
-    agent_cap: Option<i64>,
+    cfg: &DeliveryConfig,
 ) -> Result<Option<Delivery>, StoreError> {
     static NEXT: LazyLock<String> = LazyLock::new(|| {
         let rule = claim_sql(
@@ -568,6 +611,7 @@ pub async fn next_claimable(
                 now: "$3",
                 lease_end: "$3",
                 agent_cap: "$4",
+                waited_since: "$5",
             },
             Reach::ByPendingIndex,
         );
@@ -581,7 +625,8 @@ pub async fn next_claimable(
         .bind(community)
         .bind(agent.to_vec())
         .bind(now)
-        .bind(agent_cap.unwrap_or(0));
+        .bind(cfg.agent_cap().unwrap_or(0))
+        .bind(cfg.waited_since(now));
     tx.one(q).await?.as_ref().map(delivery).transpose()
 }
 

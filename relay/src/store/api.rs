@@ -264,10 +264,10 @@ impl Store {
         &self,
         community: &str,
         agent: &PublicKey,
-        agent_cap: Option<i64>,
+        cfg: &crate::config::DeliveryConfig,
     ) -> Result<Option<Delivery>, StoreError> {
         let mut tx = self.pool.read().await?;
-        crate::delivery::claim::next_claimable(&mut tx, community, &agent.to_bytes(), agent_cap).await
+        crate::delivery::claim::next_claimable(&mut tx, community, &agent.to_bytes(), cfg).await
     }
 
     /// Deliveries, newest first, as `filter` narrows them.

@@ -44,9 +44,16 @@ enum Talk {
     Quiet,
     /// Another row of its conversation is claimed (a turn holds it).
     Held,
-    /// Another row of it is pending, not yet due (its debounce).
+    /// Another row of it is pending, not yet due (its debounce), and the
+    /// case's row is fresh.
     Speaking,
+    /// As `Speaking`, but the case's row has waited its longest
+    /// (`mention_max_wait_secs`): the conversation is taken anyway.
+    SpeakingLong,
 }
+
+/// The clock less the longest wait of a mention ([`Grant`]'s).
+const WAITED_SINCE: i64 = NOW - 10;
 
 /// The caps a case's row is under, and whether one claimed row of the
 /// same workflow and agent is held already.
@@ -95,7 +102,13 @@ fn cases() -> Vec<Case> {
                         for (k, caps) in CAPS.into_iter().enumerate() {
                             // Conversations under no cap: a mention has none.
                             let talks: &[Talk] = if k == 0 {
-                                &[Talk::Alone, Talk::Quiet, Talk::Held, Talk::Speaking]
+                                &[
+                                    Talk::Alone,
+                                    Talk::Quiet,
+                                    Talk::Held,
+                                    Talk::Speaking,
+                                    Talk::SpeakingLong,
+                                ]
                             } else {
                                 &[Talk::Alone]
                             };
@@ -154,7 +167,7 @@ async fn insert(tx: &mut Tx<'_>, community: &str, target: &PublicKey, c: &Case) 
          target_pubkey, channel, definition_event_id, message_event_id, message_created_at, status, \
          attempt, max_attempts, claim_token, claim_expires_at, next_attempt_at, expires_at, \
          trigger_context, execution_trace, created_at, updated_at, output_errors, concurrency, conversation) \
-         VALUES ($1, 'd', 'w', 'r', 's', $2, 'ch', $3, $4, 1, $5, 1, 3, $6, $7, $8, $9, '{}', '[]', 1, 1, $10, $11, $12)",
+         VALUES ($1, 'd', 'w', 'r', 's', $2, 'ch', $3, $4, 1, $5, 1, 3, $6, $7, $8, $9, '{}', '[]', $13, 1, $10, $11, $12)",
     )
     .bind(community)
     .bind(target.to_bytes())
@@ -167,9 +180,11 @@ async fn insert(tx: &mut Tx<'_>, community: &str, target: &PublicKey, c: &Case) 
     .bind(c.expires_at)
     .bind(crate::persistence::sql::Bind::OptText(c.revising.then(|| "refused".to_string())))
     .bind(crate::persistence::sql::Bind::OptInt(c.caps.workflow))
-    .bind(if c.talk == Talk::Alone { "" } else { "ch" });
+    .bind(if c.talk == Talk::Alone { "" } else { "ch" })
+    // Stored long ago, but while its conversation speaks on: now.
+    .bind(if c.talk == Talk::Speaking { NOW } else { WAITED_SINCE - 1 });
     tx.exec(q).await.expect("insert");
-    if matches!(c.talk, Talk::Held | Talk::Speaking) {
+    if matches!(c.talk, Talk::Held | Talk::Speaking | Talk::SpeakingLong) {
         let (status, token, due) = match c.talk {
             Talk::Held => ("claimed", Some("other".to_string()), NOW - 5),
             _ => ("pending", None, NOW + 5),
@@ -180,7 +195,7 @@ async fn insert(tx: &mut Tx<'_>, community: &str, target: &PublicKey, c: &Case) 
              attempt, max_attempts, claim_token, claim_expires_at, next_attempt_at, expires_at, \
              trigger_context, execution_trace, created_at, updated_at, conversation) \
              VALUES ($1, 'talk', '', 'r', 'talk', $2, 'ch', $3, $4, 1, $5, 1, 3, $6, $7, $8, $9, \
-             '{}', '[]', 0, 0, 'ch')",
+             '{}', '[]', $10, 0, 'ch')",
         )
         .bind(community)
         .bind(target.to_bytes())
@@ -190,7 +205,9 @@ async fn insert(tx: &mut Tx<'_>, community: &str, target: &PublicKey, c: &Case) 
         .bind(crate::persistence::sql::Bind::OptText(token))
         .bind((c.talk == Talk::Held).then_some(NOW + 5))
         .bind(due)
-        .bind(NOW + 1_000);
+        .bind(NOW + 1_000)
+        // Said just now: the conversation speaks on.
+        .bind(NOW);
         tx.exec(q).await.expect("insert the conversation's other row");
     }
     if c.caps.held {
@@ -219,6 +236,7 @@ fn grant(c: &Case) -> Grant {
         records_operations: true,
         now: NOW,
         agent_cap: c.caps.agent,
+        waited_since: WAITED_SINCE,
     }
 }
 
@@ -284,6 +302,6 @@ async fn the_machine_and_both_claim_statements_agree_on_every_row() {
     }
     // Due, alive with room for the lease, pending, the caller's: 2 x 2,
     // under no cap, or under caps with room (3 of the 5 cap cases), and
-    // a mention alone in its conversation.
-    assert_eq!(claimed, 4 * 3 + 4);
+    // a mention alone in its conversation or that waited its longest.
+    assert_eq!(claimed, 4 * 3 + 4 * 2);
 }
