@@ -720,31 +720,41 @@
   }
   async function render(quiet) {
     if (!S.role) return;
-    if (S.rendering) { S.again = true; return; }
+    // Asked while drawing: once done, draw again, quietly when only
+    // refreshes asked (a navigation or an action asks loudly).
+    if (S.rendering) { S.again = S.again === "loud" || !quiet ? "loud" : "quiet"; return; }
     S.rendering = true;
-    S.again = false;
+    S.again = null;
     const { nav, view } = route();
     for (const a of document.querySelectorAll("#nav a")) a.classList.toggle("current", a.getAttribute("href") === nav);
     try {
       const nodes = await view();
-      $("main").replaceChildren(...nodes);
-      $("main").setAttribute("data-rendered", String(Date.now()));
+      // A refresh that finds the user typing or confirming (they began
+      // while it was drawing) keeps their page: the next one draws it.
+      if (!(quiet && userBusy())) {
+        $("main").replaceChildren(...nodes);
+        $("main").setAttribute("data-rendered", String(Date.now()));
+      }
     } catch (e) {
       $("main").replaceChildren(el("h1", {}, "Something went wrong"), el("p", { class: "error", id: "error" }, e.message));
     } finally {
       S.rendering = false;
     }
-    // A navigation or an action that came while drawing: draw again.
-    if (S.again) render(quiet);
+    if (S.again) render(S.again === "quiet");
   }
   function scheduleRefresh(ms) {
     clearTimeout(S.refreshTimer);
     S.refreshTimer = setTimeout(() => {
-      // Not while the user types in a field or answers a confirmation.
-      const typing = document.activeElement && ["INPUT", "SELECT"].includes(document.activeElement.tagName);
-      if (!typing && $("confirm").hidden) render(true);
+      if (!userBusy()) render(true);
       scheduleRefresh(REFRESH_MS);
     }, ms);
+  }
+
+  // Whether the user types in a field or answers a confirmation (a refresh
+  // then waits).
+  function userBusy() {
+    const typing = document.activeElement && ["INPUT", "SELECT"].includes(document.activeElement.tagName);
+    return typing || !$("confirm").hidden;
   }
 
   // ---- sign-in -------------------------------------------------------------
