@@ -1,10 +1,14 @@
-//! In-process live fan-out: one bounded broadcast channel per community.
+//! In-process live fan-out, partitioned by community.
 //!
 //! Every accepted event (stored or ephemeral) is published here after its
-//! commit; each connection task receives from its community's channel and
-//! matches the event against its subscriptions. A receiver that falls
-//! `fanout_buffer_events` behind is disconnected rather than served out of
-//! order or with gaps.
+//! commit. A connection with live subscriptions is a [`Listener`]: the
+//! hub indexes the keys of its filters ([`interest`]) and hands an event
+//! only to the listeners holding one of the event's keys, each on its own
+//! queue of at most `fanout_buffer_events`; the connection then matches it
+//! exactly. An event goes to none of the connections it cannot match, so
+//! a community's idle or unrelated subscribers cost a publish nothing. A
+//! listener that falls `fanout_buffer_events` behind is told it lagged
+//! and is disconnected rather than served out of order or with gaps.
 //!
 //! With standbys serving reads, the hub also keeps each community's
 //! recent events (bounded by age, count and bytes): a REQ read from a
@@ -13,14 +17,18 @@
 //! have yet and which arrived before the subscription's floor.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use nostr::prelude::Event;
-use tokio::sync::broadcast;
+use nostr::prelude::{Event, Filter};
+use tokio::sync::mpsc;
 
 use crate::budget::Budget;
+
+pub mod interest;
+
+use interest::{Index, Key, TagHasher};
 
 /// One event on its way to live subscribers.
 #[derive(Debug)]
@@ -62,9 +70,18 @@ impl Drop for Published {
 const RECENT_EVENTS_MAX: usize = 2_048;
 const RECENT_BYTES_MAX: usize = 4 * 1024 * 1024;
 
-/// One community's channel.
+/// One listener's queue, and the keys it is indexed under.
+struct Listening {
+    tx: mpsc::Sender<Arc<Published>>,
+    lagged: Arc<AtomicBool>,
+    keys: Vec<Key>,
+}
+
+/// One community's listeners, and its recent events.
+#[derive(Default)]
 struct Channel {
-    sender: broadcast::Sender<Arc<Published>>,
+    listeners: HashMap<u64, Listening>,
+    index: Index,
     /// Events published within the hub's `recent_for`, oldest first
     /// (empty when it keeps none), and their JSON's bytes.
     recent: VecDeque<Arc<Published>>,
@@ -75,12 +92,25 @@ struct Channel {
 }
 
 impl Channel {
-    fn new(capacity: usize) -> Self {
-        Self {
-            sender: broadcast::channel(capacity).0,
-            recent: VecDeque::new(),
-            recent_bytes: 0,
-            forgot: None,
+    /// Hands `p` to every listener holding one of `keys`; one whose
+    /// queue is full lagged and is dropped (its queue closes).
+    fn send(&mut self, keys: &[Key], p: &Arc<Published>) {
+        for id in self.index.holders(keys) {
+            let Some(l) = self.listeners.get(&id) else {
+                continue;
+            };
+            if let Err(e) = l.tx.try_send(p.clone()) {
+                if matches!(e, mpsc::error::TrySendError::Full(_)) {
+                    l.lagged.store(true, Ordering::SeqCst);
+                }
+                self.forget(id);
+            }
+        }
+    }
+
+    fn forget(&mut self, id: u64) {
+        if let Some(l) = self.listeners.remove(&id) {
+            self.index.remove(id, &l.keys);
         }
     }
 
@@ -102,12 +132,74 @@ impl Channel {
 
 /// The fan-out hub.
 pub struct Hub {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
     channels: Mutex<HashMap<String, Channel>>,
     seq: AtomicU64,
+    /// Each listener's queue bound, in events.
     capacity: usize,
     budget: Arc<Budget>,
     /// How long recent events are kept ([`Hub::since`]); zero: none.
     recent_for: Duration,
+    next_listener: AtomicU64,
+    tags: TagHasher,
+}
+
+impl Inner {
+    fn channels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Channel>> {
+        self.channels.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A connection's place in its community's fan-out, while it has live
+/// subscriptions: dropping it leaves.
+pub struct Listener {
+    inner: Arc<Inner>,
+    community: String,
+    id: u64,
+    rx: mpsc::Receiver<Arc<Published>>,
+    lagged: Arc<AtomicBool>,
+}
+
+/// The listener fell `fanout_buffer_events` behind and was dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lagged;
+
+impl Listener {
+    /// The next event holding one of this listener's keys, in publication
+    /// order.
+    pub async fn recv(&mut self) -> Result<Arc<Published>, Lagged> {
+        if self.lagged.load(Ordering::SeqCst) {
+            return Err(Lagged);
+        }
+        // The hub closes the queue only when it drops a lagging listener.
+        self.rx.recv().await.ok_or(Lagged)
+    }
+
+    /// From now on, events are handed over when they hold one of `keys`
+    /// (the keys of every live filter of the connection: [`Hub::keys_of`]).
+    pub fn set_keys(&self, keys: Vec<Key>) {
+        let mut map = self.inner.channels();
+        let Some(ch) = map.get_mut(&self.community) else {
+            return;
+        };
+        let Some(me) = ch.listeners.get_mut(&self.id) else {
+            return; // dropped for lagging: recv says so
+        };
+        let old = std::mem::replace(&mut me.keys, keys);
+        ch.index.remove(self.id, &old);
+        ch.index.add(self.id, &me.keys);
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let Some(ch) = self.inner.channels().get_mut(&self.community) {
+            ch.forget(self.id);
+        }
+    }
 }
 
 impl Hub {
@@ -115,45 +207,73 @@ impl Hub {
     /// community's events of the last `recent_for` (zero: none).
     pub fn new(capacity: usize, budget: Arc<Budget>, recent_for: Duration) -> Self {
         assert!(capacity > 0, "fan-out capacity must be positive");
-        Self {
+        let inner = Inner {
             channels: Mutex::new(HashMap::new()),
             seq: AtomicU64::new(0),
             capacity,
             budget,
             recent_for,
+            next_listener: AtomicU64::new(1),
+            tags: TagHasher::default(),
+        };
+        Self {
+            inner: Arc::new(inner),
         }
     }
 
-    fn channels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Channel>> {
-        self.channels.lock().unwrap_or_else(|p| p.into_inner())
+    /// The keys `filters` are indexed under, each once.
+    pub fn keys_of<'a>(&self, filters: impl IntoIterator<Item = &'a Filter>) -> Vec<Key> {
+        let mut keys: Vec<Key> = filters
+            .into_iter()
+            .flat_map(|f| self.inner.tags.keys_of(f))
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        keys
     }
 
-    /// A receiver for a community's live events.
-    pub fn subscribe(&self, community: &str) -> broadcast::Receiver<Arc<Published>> {
-        let mut map = self.channels();
-        map.entry(community.to_string())
-            .or_insert_with(|| Channel::new(self.capacity))
-            .sender
-            .subscribe()
+    /// Joins a community's fan-out, handed the events holding one of
+    /// `keys` from now on.
+    pub fn listen(&self, community: &str, keys: Vec<Key>) -> Listener {
+        let id = self.inner.next_listener.fetch_add(1, Ordering::SeqCst);
+        let (tx, rx) = mpsc::channel(self.inner.capacity);
+        let lagged = Arc::new(AtomicBool::new(false));
+        let mut map = self.inner.channels();
+        let ch = map.entry(community.to_string()).or_default();
+        ch.index.add(id, &keys);
+        let listening = Listening {
+            tx,
+            lagged: lagged.clone(),
+            keys,
+        };
+        ch.listeners.insert(id, listening);
+        Listener {
+            inner: self.inner.clone(),
+            community: community.to_string(),
+            id,
+            rx,
+            lagged,
+        }
     }
 
     /// The sequence number of the last published event.
     pub fn current_seq(&self) -> u64 {
-        self.seq.load(Ordering::SeqCst)
+        self.inner.seq.load(Ordering::SeqCst)
     }
 
     /// The community's events published at or after `at`, oldest first;
     /// `None` when the hub cannot tell (it keeps no recent events, or
     /// some since `at` were dropped by its bounds).
     pub fn since(&self, community: &str, at: Instant) -> Option<Vec<Arc<Published>>> {
-        if self.recent_for.is_zero() {
+        let recent_for = self.inner.recent_for;
+        if recent_for.is_zero() {
             return None;
         }
-        let mut map = self.channels();
+        let mut map = self.inner.channels();
         let Some(ch) = map.get_mut(community) else {
             return Some(Vec::new()); // nothing ever published here
         };
-        ch.trim(Instant::now().checked_sub(self.recent_for));
+        ch.trim(Instant::now().checked_sub(recent_for));
         if ch.forgot.is_some_and(|f| f >= at) {
             return None;
         }
@@ -164,13 +284,12 @@ impl Hub {
     pub fn publish(&self, community: &str, event: Arc<Event>, raw: Arc<str>) {
         // The sequence number is taken under the lock so that sequence order
         // is send order on every channel.
-        let mut map = self.channels();
-        let ch = map
-            .entry(community.to_string())
-            .or_insert_with(|| Channel::new(self.capacity));
-        let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
-        self.budget.charge(raw.len());
-        let budget = self.budget.clone();
+        let inner = &self.inner;
+        let mut map = inner.channels();
+        let ch = map.entry(community.to_string()).or_default();
+        let seq = inner.seq.fetch_add(1, Ordering::SeqCst) + 1;
+        inner.budget.charge(raw.len());
+        let budget = inner.budget.clone();
         let at = Instant::now();
         let published = Arc::new(Published {
             seq,
@@ -180,13 +299,15 @@ impl Hub {
             budget,
             words: OnceLock::new(),
         });
-        if !self.recent_for.is_zero() {
+        if !inner.recent_for.is_zero() {
             ch.recent_bytes += published.raw.len();
             ch.recent.push_back(published.clone());
-            ch.trim(at.checked_sub(self.recent_for));
+            ch.trim(at.checked_sub(inner.recent_for));
         }
-        // No receivers is not an error: nobody is listening.
-        let _ = ch.sender.send(published);
+        if !ch.listeners.is_empty() {
+            let keys = inner.tags.event_keys(&published.event);
+            ch.send(&keys, &published);
+        }
     }
 }
 
@@ -225,6 +346,64 @@ mod tests {
         assert!(hub.since("c", before).is_none());
         let after = Instant::now();
         assert_eq!(hub.since("c", after).map(|v| v.len()), Some(0));
+    }
+
+    fn keys(hub: &Hub, filter: &str) -> Vec<Key> {
+        hub.keys_of([&Filter::from_json(filter).expect("filter")])
+    }
+
+    /// A listener is handed the events its keys name, in order, and none
+    /// other; new keys take effect at once; one that falls a queue's
+    /// length behind lagged, while the others keep theirs.
+    #[tokio::test]
+    async fn a_listener_gets_what_its_keys_name_and_lags_past_its_queue() {
+        let hub = Hub::new(2, Budget::new(1 << 30), Duration::ZERO);
+        let (a, b) = (Keys::generate(), Keys::generate());
+        let of = |keys: &Keys, text: &str| {
+            let ev = protocol::sign::sign(EventBuilder::new(Kind::TextNote, text), keys);
+            let raw: Arc<str> = Arc::from(serde_json::to_string(&ev).expect("json"));
+            (Arc::new(ev), raw)
+        };
+        let by_a = keys(&hub, &format!(r#"{{"authors":["{}"]}}"#, a.public_key().to_hex()));
+        let mut l = hub.listen("c", by_a);
+        let mut everything = hub.listen("c", keys(&hub, "{}"));
+        let mut elsewhere = hub.listen("other", keys(&hub, "{}"));
+        let (e1, r1) = of(&b, "b1");
+        hub.publish("c", e1.clone(), r1);
+        let (e2, r2) = of(&a, "a1");
+        hub.publish("c", e2.clone(), r2);
+        assert_eq!(l.recv().await.expect("a1").event.id, e2.id, "b's event skipped");
+        assert_eq!(everything.recv().await.expect("b1").event.id, e1.id);
+        assert_eq!(everything.recv().await.expect("a1").event.id, e2.id);
+        l.set_keys(keys(&hub, r#"{"kinds":[1]}"#));
+        everything.set_keys(keys(
+            &hub,
+            &format!(r#"{{"authors":["{}"]}}"#, a.public_key().to_hex()),
+        ));
+        let (e3, r3) = of(&b, "b2");
+        hub.publish("c", e3.clone(), r3);
+        assert_eq!(l.recv().await.expect("b2").event.id, e3.id);
+        // Two queued and a third: `l` lagged and is dropped from the hub.
+        for text in ["x", "y", "z"] {
+            let (e, r) = of(&b, text);
+            hub.publish("c", e, r);
+        }
+        assert_eq!(l.recv().await.map(|_| ()), Err(Lagged));
+        assert_eq!(hub.inner.channels()["c"].listeners.len(), 1);
+        let (e5, r5) = of(&a, "a2");
+        hub.publish("c", e5.clone(), r5);
+        let got = everything
+            .recv()
+            .await
+            .expect("the other listener was not dropped");
+        assert_eq!(got.event.id, e5.id);
+        drop(everything);
+        assert!(hub.inner.channels()["c"].listeners.is_empty());
+        let (e, r) = of(&a, "for c only");
+        hub.publish("c", e, r);
+        let (e4, r4) = of(&a, "for other");
+        hub.publish("other", e4.clone(), r4);
+        assert_eq!(elsewhere.recv().await.expect("other's").event.id, e4.id);
     }
 
     #[test]

@@ -51,8 +51,9 @@ pub struct Limits {
     pub api_requests_per_second: u32,
     /// Burst of HTTP API calls above the sustained rate.
     pub api_burst: u32,
-    /// Events buffered per community for live fan-out; a connection that
-    /// falls this far behind is disconnected (it could not be served in order).
+    /// Live events queued per connection (those that may match its
+    /// subscriptions); a connection that falls this far behind is
+    /// disconnected (it could not be served in order).
     pub fanout_buffer_events: usize,
     /// Bytes of stored events one REQ sends at most, over all its filters;
     /// past it the REQ ends with EOSE, as if its `limit` had been reached.

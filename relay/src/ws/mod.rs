@@ -2,9 +2,10 @@
 //!
 //! The connection task owns all per-connection state (auth, subscriptions,
 //! rate bucket) and handles one client message at a time, so answers go out
-//! in the order requests came in. Live events arrive on the community's
-//! broadcast channel and are matched here; the socket is written by a
-//! separate task (see [`crate::outbound`]).
+//! in the order requests came in. Live events that may match its filters
+//! arrive from the community's hub (see [`crate::hub::Listener`]) and are
+//! matched exactly here; the socket is written by a separate task (see
+//! [`crate::outbound`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -18,12 +19,10 @@ use nostr::prelude::{Event, Filter, MatchEventOptions, PublicKey};
 use protocol::kinds::{self};
 use protocol::message::{ClientMessage, ParseError};
 use serde_json::json;
-use tokio::sync::broadcast;
-use tokio::sync::broadcast::error::RecvError;
 
 use crate::clock::unix_now;
 use crate::community::Community;
-use crate::hub::Published;
+use crate::hub::{Lagged, Listener, Published};
 use crate::outbound::{self, Outbound, Overflow};
 use crate::ratelimit::TokenBucket;
 use crate::state::AppState;
@@ -80,11 +79,11 @@ struct Conn {
     subs: HashMap<String, Subscription>,
     /// Open NIP-77 syncs, at most `limits.max_sync_sessions`.
     syncs: HashMap<String, Box<crate::neg::Session>>,
-    /// The community's live events, only while there is a subscription:
-    /// every published event wakes every receiver, and a connection that
-    /// only publishes (or idles) has nothing to do with them. Before, with
-    /// 256 connections publishing, each accepted event woke all 256.
-    live: Option<broadcast::Receiver<Arc<Published>>>,
+    /// The community's live events that may match a subscription's
+    /// filters, only while there is a subscription: a connection that only
+    /// publishes (or idles), or whose filters an event cannot match, is
+    /// not woken by it.
+    live: Option<Listener>,
     bucket: TokenBucket,
     out: Outbound,
     /// EVENTs being verified (concurrently), answered in arrival order.
@@ -185,13 +184,12 @@ pub async fn run(socket: WebSocket, state: Arc<AppState>, community: Arc<Communi
             // and the live backlog is bounded by `fanout_buffer_events`.
             item = next_live(&mut conn.live), if !draining => match item {
                 Ok(p) => conn.on_live(&p).await.map(|_| true),
-                Err(RecvError::Lagged(n)) => {
-                    tracing::warn!(community = %conn.community.id, missed = n, "subscriber fell behind live fan-out");
+                Err(Lagged) => {
+                    tracing::warn!(community = %conn.community.id, "subscriber fell behind live fan-out");
                     let _ = conn.notice("error: connection fell behind the live event stream and is closed");
                     conn.out.close(CLOSE_POLICY, "too slow");
                     break;
                 }
-                Err(RecvError::Closed) => Ok(false),
             },
             msg = stream.next(), if !draining && conn.verifying.len() + conn.storing.len() < max_inflight => match msg {
                 None | Some(Ok(Message::Close(_))) => Ok(false),
@@ -302,7 +300,9 @@ impl Conn {
             Ok(ClientMessage::Req { sub_id, filters }) => self.on_req(sub_id, filters).await?,
             Ok(ClientMessage::Count { sub_id, filters }) => self.on_count(sub_id, filters).await?,
             Ok(ClientMessage::Close { sub_id }) => {
-                self.subs.remove(&sub_id);
+                if self.subs.remove(&sub_id).is_some() {
+                    self.listen(None);
+                }
             }
             Ok(ClientMessage::Auth(event)) => self.on_auth(Arc::new(*event)).await?,
             Ok(ClientMessage::NegOpen {
@@ -356,12 +356,10 @@ impl Conn {
     }
 }
 
-/// The next live event, or never when the connection has no receiver.
-async fn next_live(
-    live: &mut Option<broadcast::Receiver<Arc<Published>>>,
-) -> Result<Arc<Published>, RecvError> {
+/// The next live event, or never when the connection has no listener.
+async fn next_live(live: &mut Option<Listener>) -> Result<Arc<Published>, Lagged> {
     match live {
-        Some(rx) => rx.recv().await,
+        Some(l) => l.recv().await,
         None => std::future::pending().await,
     }
 }

@@ -203,9 +203,7 @@ impl Conn {
         // Receive live events before taking the floor: every event
         // published after the floor is then received, and every one at or
         // below it was committed before the stored query below.
-        if self.live.is_none() {
-            self.live = Some(self.state.hub.subscribe(&self.community.id));
-        }
+        self.listen(Some(&filters));
         let seq_floor = self.state.hub.current_seq();
         let started = std::time::Instant::now();
         let (scope, missed) = self.req_scope(seq_floor);
@@ -325,6 +323,21 @@ impl Conn {
             }
         }
         Ok(())
+    }
+
+    /// Hands the hub the keys of every live filter, and of `adding` (a
+    /// REQ's, before its subscription is stored); joins the community's
+    /// fan-out the first time.
+    pub(super) fn listen(&mut self, adding: Option<&[Filter]>) {
+        let filters = self.subs.values().flat_map(|s| &s.filters);
+        let keys = self
+            .state
+            .hub
+            .keys_of(filters.chain(adding.into_iter().flatten()));
+        match &self.live {
+            Some(live) => live.set_keys(keys),
+            None => self.live = Some(self.state.hub.listen(&self.community.id, keys)),
+        }
     }
 
     pub(super) async fn on_live(&mut self, p: &Arc<Published>) -> Result<(), Stop> {
