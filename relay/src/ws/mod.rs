@@ -38,6 +38,9 @@ const CLOSE_TOO_BIG: u16 = 1009;
 const CLOSE_GOING_AWAY: u16 = 1001;
 /// WebSocket close code for a policy violation (slow reader, lagging).
 const CLOSE_POLICY: u16 = 1008;
+/// How long a closing connection waits, at most, for its last frames to
+/// be written and for the client's close.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
 struct Subscription {
     filters: Vec<Filter>,
@@ -224,8 +227,14 @@ pub async fn run(socket: WebSocket, state: Arc<AppState>, community: Arc<Communi
         }
     }
     drop(conn);
-    // Let the writer flush what is queued (ending with the close frame).
-    let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
+    // Let the writer flush what is queued (ending with the close frame),
+    // reading and dropping what the client sends meanwhile, until its
+    // close: a socket closed with input unread is reset, and a reset
+    // drops what is still unsent (the last answers of a client that
+    // pipelined more than the relay read before shutdown).
+    let drain = async { while let Some(Ok(_)) = stream.next().await {} };
+    let closing = futures_util::future::join(writer, drain);
+    let _ = tokio::time::timeout(CLOSE_WAIT, closing).await;
 }
 
 fn is_capacity_error(e: &axum::Error) -> bool {
