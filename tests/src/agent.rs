@@ -156,6 +156,11 @@ impl AgentProc {
         }
     }
 
+    /// The extra environment it was last started with.
+    pub fn env(&self) -> &[(String, String)] {
+        &self.env
+    }
+
     /// Starts the same agent again (after `kill`), with `env` this time.
     pub fn restart_env(&mut self, env: &[(String, String)]) {
         self.env = env.to_vec();

@@ -117,6 +117,12 @@ impl Client {
             .expect("send");
     }
 
+    /// Sends a JSON value; `false` if the connection is gone (a relay
+    /// killed under a background task of a test is not a failure).
+    pub async fn try_send(&mut self, v: Value) -> bool {
+        self.ws.send(Message::Text(v.to_string().into())).await.is_ok()
+    }
+
     /// Sends a JSON value.
     pub async fn send(&mut self, v: Value) {
         self.send_raw(v.to_string()).await;

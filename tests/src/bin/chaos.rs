@@ -32,8 +32,8 @@ const BY_DESIGN: [&str; 2] = ["interrupted", "interrupted_after_write"];
 /// and where the holder of a recorded write is gone, the lapse of its
 /// lease (`lease_expired`: the work may have happened, so it is never
 /// handed out again): the agent dies after recording it, or the relay dies
-/// before the finish commits (the revived lane's agent is a new process;
-/// the cut finish is not sent again). A mention lane's turn shares that
+/// in a turn's finish before it commits (the cut finish is not sent
+/// again). A mention lane's turn shares that
 /// fate: every mention of the turn fails so, where a workflow lane loses
 /// one delivery of its three.
 fn by_design(point: &str) -> Vec<&'static str> {
@@ -477,13 +477,16 @@ async fn approve_open(
         return;
     };
     let auth = tests::client::auth_event(&approver, &c.challenge, &url);
-    c.send(serde_json::json!(["AUTH", auth])).await;
-    if wait_ok(&mut c, &auth.id.to_hex()).await != Some(true) {
+    if !c.try_send(serde_json::json!(["AUTH", auth])).await
+        || wait_ok(&mut c, &auth.id.to_hex()).await != Some(true)
+    {
         return;
     }
     for id in todo {
         let ev = tests::event(&approver, 7, "+", &[&["e", &id], &["h", &channel]]);
-        c.send(serde_json::json!(["EVENT", ev])).await;
+        if !c.try_send(serde_json::json!(["EVENT", ev])).await {
+            return;
+        }
         if wait_ok(&mut c, &ev.id.to_hex()).await == Some(true) {
             done.lock().expect("approver state").insert(id);
         }
@@ -653,7 +656,11 @@ async fn wait_exit(lane: &mut Lane, which: &str, within: Duration) -> bool {
     false
 }
 
-/// Restarts every dead process of the lane, without faults.
+/// Restarts every dead or still armed process of the lane, without
+/// faults. A live agent is left running through a relay's kill, as it
+/// would be: it reconnects, renews its claims and finishes them (a new
+/// agent process would let the claims of recorded writes lapse, turning
+/// a relay's kill into an agent's).
 fn revive(lane: &mut Lane) {
     for r in lane.relays.iter_mut() {
         if r.exited() || r.options.env.iter().any(|(k, _)| k == "RELAY_FAULTS") {
@@ -663,7 +670,10 @@ fn revive(lane: &mut Lane) {
             });
         }
     }
-    lane.agent.restart_env(&[]);
+    let armed = lane.agent.env().iter().any(|(k, _)| k == "AGENT_FAULTS");
+    if armed || lane.agent.exited() {
+        lane.agent.restart_env(&[]);
+    }
 }
 
 /// One trial: arm, post, kill, revive, wait, check.
