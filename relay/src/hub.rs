@@ -17,7 +17,7 @@
 //! have yet and which arrived before the subscription's floor.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -73,7 +73,6 @@ const RECENT_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// One listener's queue, and the keys it is indexed under.
 struct Listening {
     tx: mpsc::Sender<Arc<Published>>,
-    lagged: Arc<AtomicBool>,
     keys: Vec<Key>,
 }
 
@@ -99,10 +98,9 @@ impl Channel {
             let Some(l) = self.listeners.get(&id) else {
                 continue;
             };
-            if let Err(e) = l.tx.try_send(p.clone()) {
-                if matches!(e, mpsc::error::TrySendError::Full(_)) {
-                    l.lagged.store(true, Ordering::SeqCst);
-                }
+            // Full: it lagged; closed: it is being dropped. Either way
+            // its sender goes, which closes its queue.
+            if l.tx.try_send(p.clone()).is_err() {
                 self.forget(id);
             }
         }
@@ -160,7 +158,6 @@ pub struct Listener {
     community: String,
     id: u64,
     rx: mpsc::Receiver<Arc<Published>>,
-    lagged: Arc<AtomicBool>,
 }
 
 /// The listener fell `fanout_buffer_events` behind and was dropped.
@@ -171,10 +168,12 @@ impl Listener {
     /// The next event holding one of this listener's keys, in publication
     /// order.
     pub async fn recv(&mut self) -> Result<Arc<Published>, Lagged> {
-        if self.lagged.load(Ordering::SeqCst) {
+        // The hub closes a live listener's queue only when it drops it for
+        // lagging: then it says so at once, not after what is queued
+        // (events followed by a gap).
+        if self.rx.is_closed() {
             return Err(Lagged);
         }
-        // The hub closes the queue only when it drops a lagging listener.
         self.rx.recv().await.ok_or(Lagged)
     }
 
@@ -237,22 +236,16 @@ impl Hub {
     pub fn listen(&self, community: &str, keys: Vec<Key>) -> Listener {
         let id = self.inner.next_listener.fetch_add(1, Ordering::SeqCst);
         let (tx, rx) = mpsc::channel(self.inner.capacity);
-        let lagged = Arc::new(AtomicBool::new(false));
         let mut map = self.inner.channels();
         let ch = map.entry(community.to_string()).or_default();
         ch.index.add(id, &keys);
-        let listening = Listening {
-            tx,
-            lagged: lagged.clone(),
-            keys,
-        };
+        let listening = Listening { tx, keys };
         ch.listeners.insert(id, listening);
         Listener {
             inner: self.inner.clone(),
             community: community.to_string(),
             id,
             rx,
-            lagged,
         }
     }
 
