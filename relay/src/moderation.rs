@@ -59,9 +59,17 @@ impl ModerationCache {
     /// The community's moderation now. When the store cannot answer, the
     /// last one loaded (or none) stands.
     pub async fn get(&self, community: &Community) -> Arc<Moderation> {
-        if let Some(m) = self.fresh(&community.id) {
-            return m;
+        match self.fresh(&community.id) {
+            Some(m) => m,
+            // Boxed: the store's read is a large future, and this one is
+            // part of every connection's task (awaited for each EVENT),
+            // which would otherwise be that much larger while idle.
+            None => Box::pin(self.load(community)).await,
         }
+    }
+
+    /// Reads the community's moderation from the store (one load at a time).
+    async fn load(&self, community: &Community) -> Arc<Moderation> {
         let _one = self.loading.lock().await;
         if let Some(m) = self.fresh(&community.id) {
             return m;

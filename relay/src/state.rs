@@ -177,6 +177,20 @@ impl ChannelCache {
         if let Some(v) = self.lock().get(&key) {
             return v.clone();
         }
+        // Boxed: the store's read is a large future, and this one is part
+        // of every subscribed connection's task (awaited for each live
+        // channel event), which would otherwise be that much larger.
+        Box::pin(self.load(store, community, channel, key)).await
+    }
+
+    /// Reads a channel the cache does not hold, and keeps it.
+    async fn load(
+        &self,
+        store: &Store,
+        community: &Community,
+        channel: &str,
+        key: (String, String),
+    ) -> Option<Arc<ChannelView>> {
         let epoch = self.epoch.load(std::sync::atomic::Ordering::SeqCst);
         let loaded = match store.channel(&community.id, channel).await {
             Ok(v) => v.map(Arc::new),

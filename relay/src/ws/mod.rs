@@ -306,20 +306,22 @@ impl Conn {
                 self.closed(&sub_id, &format!("invalid: {reason}"))?
             }
             Ok(ClientMessage::Event(incoming)) => self.on_event(*incoming).await?,
-            Ok(ClientMessage::Req { sub_id, filters }) => self.on_req(sub_id, filters).await?,
-            Ok(ClientMessage::Count { sub_id, filters }) => self.on_count(sub_id, filters).await?,
+            Ok(ClientMessage::Req { sub_id, filters }) => Box::pin(self.on_req(sub_id, filters)).await?,
+            Ok(ClientMessage::Count { sub_id, filters }) => Box::pin(self.on_count(sub_id, filters)).await?,
             Ok(ClientMessage::Close { sub_id }) => {
                 if self.subs.remove(&sub_id).is_some() {
                     self.listen(None);
                 }
             }
-            Ok(ClientMessage::Auth(event)) => self.on_auth(Arc::new(*event)).await?,
+            Ok(ClientMessage::Auth(event)) => Box::pin(self.on_auth(Arc::new(*event))).await?,
             Ok(ClientMessage::NegOpen {
                 sub_id,
                 filter,
                 message,
-            }) => self.on_neg_open(sub_id, *filter, message).await?,
-            Ok(ClientMessage::NegMsg { sub_id, message }) => self.on_neg_msg(sub_id, message).await?,
+            }) => Box::pin(self.on_neg_open(sub_id, *filter, message)).await?,
+            Ok(ClientMessage::NegMsg { sub_id, message }) => {
+                Box::pin(self.on_neg_msg(sub_id, message)).await?
+            }
             Ok(ClientMessage::NegClose { sub_id }) => {
                 self.syncs.remove(&sub_id);
             }
