@@ -121,7 +121,7 @@ impl Default for Limits {
             auth_max_age_secs: 600,
             fanout_buffer_events: 16_384,
             max_http_body_bytes: 1024 * 1024,
-            ws_read_buffer_bytes: 16 * 1024,
+            ws_read_buffer_bytes: 4 * 1024,
             api_requests_per_second: 50,
             api_burst: 200,
             max_req_bytes: 16 * 1024 * 1024,
