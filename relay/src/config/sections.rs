@@ -34,7 +34,7 @@ impl Default for SqliteConfig {
             pool_size: 8,
             mmap_size_bytes: 1 << 30,
             cache_size_kib: 16 * 1024,
-            checkpoint_interval_ms: 100,
+            checkpoint_interval_ms: 1_000,
             wal_autocheckpoint_pages: 100_000,
         }
     }
