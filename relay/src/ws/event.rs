@@ -154,13 +154,12 @@ impl Conn {
         // Boxed: the other paths' futures (channel rules, registrations,
         // the ephemeral forward) are large, and this one is part of every
         // connection's task, idle or not.
-        Box::pin(self.after_verify_other(event, raw)).await
+        Box::pin(self.after_verify_other(id, event, raw)).await
     }
 
     /// An event other than a plain one (channel, ephemeral, a registration,
-    /// a replaceable or deletion), once verified.
-    async fn after_verify_other(&mut self, event: Arc<Event>, raw: Arc<str>) -> Result<(), Stop> {
-        let id = event.id.to_hex();
+    /// a replaceable or deletion), once verified; `id` is its id in hex.
+    async fn after_verify_other(&mut self, id: String, event: Arc<Event>, raw: Arc<str>) -> Result<(), Stop> {
         // Everything else is decided after this connection's earlier events.
         self.drain_storing().await?;
         if channels::h_tag(&event).is_some() || event.kind.as_u16() == channels::CREATE_GROUP {

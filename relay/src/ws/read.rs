@@ -327,7 +327,7 @@ impl Conn {
 
     /// Hands the hub the keys of every live filter, and of `adding` (a
     /// REQ's, before its subscription is stored); joins the community's
-    /// fan-out when it has none, leaves it when no filter is left.
+    /// fan-out the first time.
     pub(super) fn listen(&mut self, adding: Option<&[Filter]>) {
         let filters = self.subs.values().flat_map(|s| &s.filters);
         let keys = self
@@ -335,10 +335,7 @@ impl Conn {
             .hub
             .keys_of(filters.chain(adding.into_iter().flatten()));
         match &self.live {
-            // The last subscription closed: leave the fan-out.
-            Some(_) if keys.is_empty() => self.live = None,
             Some(live) => live.set_keys(keys),
-            None if keys.is_empty() => {}
             None => self.live = Some(self.state.hub.listen(&self.community.id, keys)),
         }
     }
