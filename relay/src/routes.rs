@@ -180,7 +180,13 @@ async fn root(
             // connection cost about 140 KiB.
             .read_buffer_size(state.cfg.limits.ws_read_buffer_bytes)
             .on_upgrade(move |socket| {
-                tracker.track_future(crate::ws::run(socket, state, tenant.community, tenant.host))
+                let task = crate::ws::run(socket, state, tenant.community, tenant.host);
+                debug_assert!(
+                    std::mem::size_of_val(&task) <= crate::ws::TASK_MAX_BYTES,
+                    "a connection's task is {} bytes: box the large await added to it",
+                    std::mem::size_of_val(&task)
+                );
+                tracker.track_future(task)
             });
     }
     let wants_nip11 = headers
