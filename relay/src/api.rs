@@ -203,15 +203,16 @@ async fn finish(State(state): State<Arc<AppState>>, Path(id): Path<String>, auth
         Ok(f) => {
             // Test-only: die after the commit, before the agent hears of it.
             let _ = crate::faults::check("finish:after_commit");
-            let replied = !f.published.is_empty();
             state.spans.emit(f.spans);
 
             for (ev, raw) in f.published {
                 state.publish(&community, Arc::new(ev), Arc::from(raw));
             }
-            // A reply may start workflows that include agents; a woken
-            // run resumes now rather than at the next poll.
-            if replied || f.woke_run {
+            // A woken run resumes now rather than at the next poll. A
+            // reply is stored as an event and starts no run (triggers
+            // fire on messages published to the relay), so it wakes no
+            // engine pass: one per finish cost three statements.
+            if f.woke_run {
                 state.kick.kick();
             }
             if f.freed_slot {
