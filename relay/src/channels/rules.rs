@@ -57,8 +57,28 @@ enum Plan {
     Apply,
 }
 
-fn rejected(msg: impl Into<String>) -> Result<(InsertOutcome, Published), StoreError> {
-    Ok((InsertOutcome::Rejected(msg.into()), Vec::new()))
+fn rejected(msg: impl Into<String>) -> Result<Applied, StoreError> {
+    Ok(Applied::not_stored(InsertOutcome::Rejected(msg.into())))
+}
+
+/// What applying a channel event did: its outcome, the events to announce
+/// after the commit (when stored), and whether it started a workflow run
+/// or woke one (then the engine has work now; most messages start none).
+#[derive(Debug)]
+pub struct Applied {
+    pub outcome: InsertOutcome,
+    pub published: Published,
+    pub runs_moved: bool,
+}
+
+impl Applied {
+    fn not_stored(outcome: InsertOutcome) -> Self {
+        Applied {
+            outcome,
+            published: Vec::new(),
+            runs_moved: false,
+        }
+    }
 }
 
 /// The event's channel id, or why it has none that may be used.
@@ -134,7 +154,7 @@ pub async fn apply(
     event: &Event,
     raw: &str,
     deliveries: &DeliveryConfig,
-) -> Result<(InsertOutcome, Published), StoreError> {
+) -> Result<Applied, StoreError> {
     let channel = match channel_id_of(event) {
         Ok(c) => c.to_string(),
         Err(msg) => return rejected(msg),
@@ -145,7 +165,7 @@ pub async fn apply(
     let current = load(tx, community, &channel).await?;
     match plan(current.as_ref(), &channel, kind, &event.pubkey, policy) {
         Plan::Reject(msg) => return rejected(msg),
-        Plan::Duplicate => return Ok((InsertOutcome::Duplicate, Vec::new())),
+        Plan::Duplicate => return Ok(Applied::not_stored(InsertOutcome::Duplicate)),
         Plan::Apply => {}
     }
     if kind == CREATE_INVITE && invite_code(event).is_none() {
@@ -159,11 +179,12 @@ pub async fn apply(
     let outcome =
         crate::workflow::definitions::insert_event(tx, community, event, raw, Some(&channel)).await?;
     if outcome != InsertOutcome::Stored {
-        return Ok((outcome, Vec::new()));
+        return Ok(Applied::not_stored(outcome));
     }
-    if let Some(msg) = workflow_effects(tx, community, keys, event, &channel).await? {
-        return rejected(msg);
-    }
+    let runs_moved = match workflow_effects(tx, community, keys, event, &channel).await? {
+        Effects::Refused(msg) => return rejected(msg),
+        Effects::Done { runs_moved } => runs_moved,
+    };
     let changed = change_state(
         tx,
         community,
@@ -193,42 +214,61 @@ pub async fn apply(
         published
             .extend(super::mentions::on_message(tx, community, keys, event, &channel, deliveries).await?);
     }
-    Ok((InsertOutcome::Stored, published))
+    Ok(Applied {
+        outcome: InsertOutcome::Stored,
+        published,
+        runs_moved,
+    })
 }
 
-/// What a stored workflow definition (recorded) or channel message (which
-/// may trigger runs) does; `Some(text)` when the definition must be
-/// refused after all (the caller rolls back).
+/// What [`workflow_effects`] did.
+enum Effects {
+    /// A definition that must not be stored, and why.
+    Refused(String),
+    /// Recorded; whether a run started or was woken.
+    Done { runs_moved: bool },
+}
+
+/// What a stored workflow definition (recorded), channel message or
+/// reaction (which may start runs, or decide an approval a run waits for)
+/// does; [`Effects::Refused`] when the definition must be refused after
+/// all (the caller rolls back).
 async fn workflow_effects(
     tx: &mut Tx<'_>,
     community: &str,
     keys: &Keys,
     event: &Event,
     channel: &str,
-) -> Result<Option<String>, StoreError> {
+) -> Result<Effects, StoreError> {
     let kind = event.kind.as_u16();
+    let mut runs_moved = false;
     if kind == protocol::workflow::DEFINITION_KIND {
         let v = match protocol::workflow::validate(event) {
             Ok(v) => v,
-            Err(e) => return Ok(Some(format!("invalid: {e}"))),
+            Err(e) => return Ok(Effects::Refused(format!("invalid: {e}"))),
         };
         if let Upsert::Refused(msg) =
             crate::workflow::definitions::upsert_definition(tx, community, event, &v).await?
         {
-            return Ok(Some(msg));
+            return Ok(Effects::Refused(msg));
         }
     }
     if kind == protocol::workflow::MESSAGE_KIND {
-        crate::workflow::triggers::on_message(tx, community, &keys.public_key(), event, channel).await?;
+        let started =
+            crate::workflow::triggers::on_message(tx, community, &keys.public_key(), event, channel).await?;
+        runs_moved |= !started.is_empty();
     }
     if kind == protocol::approval::REACTION_KIND {
         if let Some(run) = crate::workflow::approvals::on_reaction(tx, community, event, channel).await? {
             let wake = format!("approval:{}", event.id.to_hex());
             crate::delivery::deliveries::poke(tx, community, &run, &wake).await?;
+            runs_moved = true;
         }
-        crate::workflow::triggers::on_reaction(tx, community, &keys.public_key(), event, channel).await?;
+        let started =
+            crate::workflow::triggers::on_reaction(tx, community, &keys.public_key(), event, channel).await?;
+        runs_moved |= !started.is_empty();
     }
-    Ok(None)
+    Ok(Effects::Done { runs_moved })
 }
 
 /// The channel's state after an applied event of a NIP-29 kind (other

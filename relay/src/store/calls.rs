@@ -9,7 +9,6 @@ use nostr::prelude::{Event, Keys, PublicKey};
 use protocol::api::{ClaimRequest, FinishRequest, OperationRequest, Outcome, RenewRequest};
 
 use crate::channels::rules as channels;
-use crate::channels::state::Published;
 use crate::config::{ChannelPolicy, DeliveryConfig};
 use crate::delivery::claim::Turn;
 use crate::delivery::deliveries;
@@ -233,7 +232,7 @@ pub(crate) struct ChannelEvent {
 }
 
 impl WriteCall for ChannelEvent {
-    type Reply = (InsertOutcome, Published);
+    type Reply = channels::Applied;
 
     fn community(&self) -> &str {
         &self.community
@@ -279,13 +278,13 @@ impl WriteCall for ChannelEvent {
     }
 
     /// An event not stored is rolled back: it must leave no trace.
-    fn keeps((outcome, _): &Self::Reply) -> bool {
-        *outcome == InsertOutcome::Stored
+    fn keeps(applied: &Self::Reply) -> bool {
+        applied.outcome == InsertOutcome::Stored
     }
 
-    fn announced((outcome, published): &Self::Reply) -> Vec<&str> {
-        match outcome {
-            InsertOutcome::Stored => published.iter().map(|(_, raw)| raw.as_str()).collect(),
+    fn announced(applied: &Self::Reply) -> Vec<&str> {
+        match applied.outcome {
+            InsertOutcome::Stored => applied.published.iter().map(|(_, raw)| raw.as_str()).collect(),
             _ => Vec::new(),
         }
     }

@@ -16,7 +16,6 @@ use tokio::sync::oneshot;
 use crate::admin::communities;
 use crate::admin::communities::CommunityRecord;
 use crate::channels::state::ChannelView;
-use crate::channels::state::Published;
 use crate::config::{ChannelPolicy, DeliveryConfig, WriterConfig};
 use crate::events::query as sql;
 use crate::events::InsertOutcome;
@@ -193,8 +192,8 @@ impl Store {
 
     /// Stores an `h`-tagged event (or a channel creation) under the NIP-29
     /// rules in one transaction with its state change and the relay-signed
-    /// metadata it makes current (signed with `keys`). Returns the outcome
-    /// and the events to announce.
+    /// metadata it makes current (signed with `keys`). Returns the outcome,
+    /// the events to announce, and whether a workflow run started or woke.
     pub async fn apply_channel_event(
         &self,
         community: &str,
@@ -202,7 +201,7 @@ impl Store {
         policy: &ChannelPolicy,
         event: &Event,
         raw: &str,
-    ) -> Result<(InsertOutcome, Published), StoreError> {
+    ) -> Result<crate::channels::rules::Applied, StoreError> {
         let call = crate::store::calls::ChannelEvent {
             community: community.to_string(),
             keys: keys.clone(),

@@ -12,7 +12,7 @@ use protocol::message::Incoming;
 use super::{Conn, Stop, Stored, Verified};
 use crate::admin::manage::Moderation;
 use crate::admission;
-use crate::channels::rules as channels;
+use crate::channels::rules::{self as channels, Applied};
 use crate::clock::unix_now;
 use crate::store::InsertOutcome;
 use crate::verify;
@@ -259,20 +259,31 @@ impl Conn {
             .apply_channel_event(&community, &keys, policy, &event, &raw)
             .await
         {
-            Ok((InsertOutcome::Stored, published)) => {
+            Ok(Applied {
+                outcome: InsertOutcome::Stored,
+                published,
+                runs_moved,
+            }) => {
                 for (ev, ev_raw) in published {
                     self.state.publish(&community, Arc::new(ev), Arc::from(ev_raw));
                 }
-                // A message may have started runs; a reaction too, or
-                // decided an approval a run waits for.
-                if kind == protocol::workflow::MESSAGE_KIND || kind == protocol::approval::REACTION_KIND {
+                // A message or reaction that started runs, or decided an
+                // approval a run waits for: the engine goes on now. Most
+                // start nothing, and an engine pass is three reads.
+                if runs_moved {
                     self.state.kick.kick();
                 }
 
                 self.ok(&id, true, "")?;
             }
-            Ok((InsertOutcome::Duplicate, _)) => self.ok(&id, true, "duplicate: already applied")?,
-            Ok((InsertOutcome::Rejected(msg), _)) => self.ok(&id, false, &msg)?,
+            Ok(Applied {
+                outcome: InsertOutcome::Duplicate,
+                ..
+            }) => self.ok(&id, true, "duplicate: already applied")?,
+            Ok(Applied {
+                outcome: InsertOutcome::Rejected(msg),
+                ..
+            }) => self.ok(&id, false, &msg)?,
             Err(e) => {
                 tracing::error!(community = %community, error = %e, "storing channel event failed");
                 self.ok(&id, false, "error: the event could not be stored; try again")?;
