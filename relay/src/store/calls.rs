@@ -37,7 +37,7 @@ impl WriteCall for HttpAuth {
         None
     }
 
-    fn one_write(&self) -> bool {
+    fn refuses_before_writing(&self) -> bool {
         true
     }
 
@@ -71,7 +71,7 @@ impl WriteCall for Claim {
         Some(&self.caller)
     }
 
-    fn one_write(&self) -> bool {
+    fn refuses_before_writing(&self) -> bool {
         true
     }
 
@@ -118,7 +118,7 @@ impl WriteCall for Renew {
         Some(&self.caller)
     }
 
-    fn one_write(&self) -> bool {
+    fn refuses_before_writing(&self) -> bool {
         true
     }
 
@@ -153,7 +153,7 @@ impl WriteCall for Operation {
         Some(&self.caller)
     }
 
-    fn one_write(&self) -> bool {
+    fn refuses_before_writing(&self) -> bool {
         true
     }
 
@@ -202,6 +202,13 @@ impl WriteCall for Finish {
             out.push(author_lock_key(&self.community, &self.keys.public_key()));
         }
         out
+    }
+
+    /// Every refusal of a finish (a turn too long, no such row, not the
+    /// caller's, the machine's fences, a reply that does not fit or is
+    /// not stored) comes before its first write (`deliveries::finish`).
+    fn refuses_before_writing(&self) -> bool {
+        true
     }
 
     fn run<'a>(&'a self, tx: &'a mut Tx<'_>, cfg: &'a DeliveryConfig) -> BoxFuture<'a, Answer<Finished>> {

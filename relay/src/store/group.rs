@@ -10,9 +10,9 @@
 //! transaction. One task now takes every call that is queued (at most
 //! `writer.call_batch`) and runs them in one transaction, back to back.
 //!
-//! Each call runs in its own savepoint (a call whose one write is its last
-//! statement needs none; when such a call fails, the batch is run again
-//! with a savepoint for every call), so a call that is refused or fails is
+//! Each call runs in its own savepoint (a call that refuses only before
+//! its first write needs none; when such a call fails, the batch is run
+//! again with a savepoint for every call), so a call that is refused or fails is
 //! rolled back alone, exactly as if it had had its own transaction, and the
 //! others still commit: one client's failing call never fails another's. No call is answered before the commit that
 //! holds it: an answer is never sent for work that could still be lost.
@@ -57,12 +57,12 @@ pub(crate) trait WriteCall: Send + Sync + 'static {
     /// author lock) never wait on each other from two writers at once.
     fn caller(&self) -> Option<&PublicKey>;
 
-    /// Whether every write of this call is its last statement, and every
-    /// refusal comes before it: then the call needs no savepoint (a refusal
-    /// has written nothing; an error fails the whole batch, see
-    /// `run_batch`). The functions that say so keep that shape; see their
-    /// doc comments.
-    fn one_write(&self) -> bool {
+    /// Whether every refusal of this call comes before its first write:
+    /// then the call needs no savepoint (a refusal has written nothing; an
+    /// error fails the whole batch, which runs again with a savepoint for
+    /// every call, see `run_batch`). The functions that say so keep that
+    /// shape; see their doc comments.
+    fn refuses_before_writing(&self) -> bool {
         false
     }
 
@@ -110,7 +110,7 @@ struct Job<C: WriteCall> {
 trait Queued: Send + Sync {
     fn community(&self) -> &str;
     fn spends(&self) -> Option<&HttpAuthUse>;
-    fn one_write(&self) -> bool;
+    fn refuses_before_writing(&self) -> bool;
     fn starts_work(&self) -> bool;
     fn lock_keys(&self) -> Vec<String>;
     /// Runs the call and keeps its answer.
@@ -136,8 +136,8 @@ impl<C: WriteCall> Queued for Job<C> {
         self.spends.as_ref()
     }
 
-    fn one_write(&self) -> bool {
-        self.call.one_write()
+    fn refuses_before_writing(&self) -> bool {
+        self.call.refuses_before_writing()
     }
 
     fn starts_work(&self) -> bool {
@@ -557,9 +557,8 @@ async fn run_batch(
     Ran::Done { healthy: true }
 }
 
-/// Runs one call in `tx`. Calls with several writes get a savepoint, so
-/// that a refusal or an error after a first write is undone for that call
-/// alone. Savepoints are not released: they nest, at most `call_batch`
+/// Runs one call in `tx`. Calls that may refuse after a first write get a
+/// savepoint, so that the refusal undoes that call alone. Savepoints are not released: they nest, at most `call_batch`
 /// deep, and the commit keeps every one that was not rolled back.
 /// `Ok(false)`: the call failed without a savepoint, and the transaction
 /// is lost.
@@ -569,7 +568,7 @@ async fn run_one(
     job: &mut dyn Queued,
     guard_all: bool,
 ) -> Result<bool, StoreError> {
-    let guarded = guard_all || !job.one_write();
+    let guarded = guard_all || !job.refuses_before_writing();
     let mark = tx.lock_mark();
     if guarded {
         tx.exec(Q::new("SAVEPOINT call")).await?;
@@ -583,7 +582,7 @@ async fn run_one(
         tx.forget_locks_since(mark);
         return Ok(true);
     }
-    // A refusal of a one-write call wrote nothing. An error without a
+    // A refusal of a call that refuses before writing wrote nothing. An error without a
     // savepoint: PostgreSQL has aborted the transaction, SQLite may have
     // ended it by itself (I/O errors, a full disk), so nothing after it may
     // run in it. Everything is rolled back, and the batch runs again with
