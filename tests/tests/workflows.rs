@@ -23,6 +23,7 @@ backend_tests!(
     lapsed_leases_terminal_or_read_only_redelivery,
     unclaimed_rows_expire,
     finish_is_idempotent_and_atomic_with_its_reply,
+    a_finish_reply_starts_no_run,
     concurrent_finishes_fail_alone,
     channel_deletion_cancels,
     disabled_and_deleted_workflows_stop,
@@ -1093,6 +1094,60 @@ async fn finish_is_idempotent_and_atomic_with_its_reply(backend: Backend) {
 /// Finishes sent together are committed together (the call writer), but a
 /// finish that fails midway (after its reply was written) is undone alone:
 /// the others keep their replies and statuses.
+/// A reply stored by a finish starts no run, even of a workflow that
+/// counts managed agents' messages (`include_agents`), while the same
+/// agent's message published with EVENT does (docs/protocol.md,
+/// "Deliveries": triggers fire on published events).
+async fn a_finish_reply_starts_no_run(backend: Backend) {
+    let relay = start(&backend);
+    let mut fx = Fixture::new(&relay, "ops", 1).await;
+    fx.define("ask", &on_message(&format!("{} go", fx.mention(0))))
+        .await;
+    let echo = json!({"name": "echo", "trigger": {"on": "message_posted",
+        "filter": {"text_contains": "agent says", "include_agents": true}},
+        "steps": [{"id": "note", "action": "send_message", "text": "heard {{trigger.text}}"}]});
+    fx.define("echo", &echo).await;
+    let trigger = fx.post("go").await;
+    message_for(&mut fx.owner_client, "ops", &trigger).await;
+    let agent = fx.agents[0].clone();
+    let d = claim_when_due(&relay, &agent, json!({})).await;
+    let reply = event(&agent, 9, "agent says, by finish", &[&["h", "ops"]]);
+    let body = json!({"claim_token": d["claim_token"], "outcome": "delivered", "reply": reply});
+    let id = d["id"].as_str().expect("id");
+    tests::workflow::ok(tests::workflow::finish(&relay, &agent, id, &body).await);
+    let mut c = Client::connect(&relay.ws_url()).await;
+    c.auth(&agent).await;
+    let published = event(&agent, 9, "agent says, by EVENT", &[&["h", "ops"]]);
+    c.publish_ok(&published).await;
+    // The later thing that must happen: the EVENT's run has posted. A run
+    // the reply started would be older (made in the finish's transaction)
+    // and would have posted first: runs are advanced oldest first.
+    let heard = message_for(&mut fx.owner_client, "ops", &published).await;
+    assert_eq!(heard.content, "heard agent says, by EVENT");
+    let messages = fx
+        .owner_client
+        .req("all", vec![json!({"kinds": [9], "#h": ["ops"]})])
+        .await
+        .events();
+    let reply_id = reply.id.to_hex();
+    let from_reply: Vec<&Event> = messages
+        .iter()
+        .filter(|e| {
+            tags_named(e, "workflow-cause")
+                .first()
+                .is_some_and(|t| t[2] == reply_id)
+        })
+        .collect();
+    assert!(
+        from_reply.is_empty(),
+        "a finish's reply started a run: {from_reply:?}"
+    );
+    assert!(
+        messages.iter().any(|e| e.id == reply.id),
+        "the reply is stored in the channel"
+    );
+}
+
 async fn concurrent_finishes_fail_alone(backend: Backend) {
     const N: usize = 8;
     let relay = Relay::start_opts(
