@@ -234,9 +234,6 @@ fn check_reply(d: &Delivery, member: bool, reply: &Event) -> Result<(), Refusal>
 }
 
 /// Finishes an attempt; the reply (if any) and the new status commit together.
-/// Every refusal comes before the first write (the reply's insert, which
-/// writes nothing when it refuses): the call writer runs a finish without
-/// a savepoint (`store/group.rs`); keep it so.
 #[allow(clippy::too_many_arguments)]
 pub async fn finish(
     tx: &mut Tx<'_>,

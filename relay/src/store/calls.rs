@@ -204,13 +204,6 @@ impl WriteCall for Finish {
         out
     }
 
-    /// Every refusal of a finish (a turn too long, no such row, not the
-    /// caller's, the machine's fences, a reply that does not fit or is
-    /// not stored) comes before its first write (`deliveries::finish`).
-    fn refuses_before_writing(&self) -> bool {
-        true
-    }
-
     fn run<'a>(&'a self, tx: &'a mut Tx<'_>, cfg: &'a DeliveryConfig) -> BoxFuture<'a, Answer<Finished>> {
         Box::pin(deliveries::finish(
             tx,

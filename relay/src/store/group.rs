@@ -61,7 +61,12 @@ pub(crate) trait WriteCall: Send + Sync + 'static {
     /// then the call needs no savepoint (a refusal has written nothing; an
     /// error fails the whole batch, which runs again with a savepoint for
     /// every call, see `run_batch`). The functions that say so keep that
-    /// shape; see their doc comments.
+    /// shape; see their doc comments. Such a call that fails is run once
+    /// more, in the second run: a failure that does not recur is then not
+    /// answered. A finish keeps its savepoint, so that a failure after its
+    /// reply was written is answered as one, alone (measured without it:
+    /// about 0.3 ms less relay and PostgreSQL CPU a delivery, within one
+    /// run's noise; `workflows::concurrent_finishes_fail_alone`).
     fn refuses_before_writing(&self) -> bool {
         false
     }
