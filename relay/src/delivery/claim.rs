@@ -2,8 +2,9 @@
 //! (`machine::CLAIM_RULE`) is written into, clause by clause, and the
 //! named claim the machine decides from the loaded row.
 //!
-//! Its one write is its last statement (the call writer runs it without a
-//! savepoint on SQLite: `store/group.rs`).
+//! Its one write is its last statement, after every refusal (the call
+//! writer runs it without a savepoint: `refuses_before_writing` in
+//! `store/group.rs`).
 
 use nostr::prelude::PublicKey;
 use std::sync::LazyLock;
