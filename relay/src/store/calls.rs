@@ -204,6 +204,13 @@ impl WriteCall for Finish {
         out
     }
 
+    // `refuses_before_writing` stays false: every refusal of a finish does
+    // come before its first write, but without a savepoint a failure after
+    // its reply was written would be run again in the batch's second run,
+    // and one that does not recur would never be answered (measured
+    // without it: about 0.3 ms less relay and PostgreSQL CPU a delivery,
+    // within one run's noise; `workflows::concurrent_finishes_fail_alone`).
+
     fn run<'a>(&'a self, tx: &'a mut Tx<'_>, cfg: &'a DeliveryConfig) -> BoxFuture<'a, Answer<Finished>> {
         Box::pin(deliveries::finish(
             tx,

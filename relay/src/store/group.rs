@@ -12,8 +12,8 @@
 //!
 //! Each call runs in its own savepoint (a call that refuses only before
 //! its first write needs none; when such a call fails, the batch is run
-//! again with a savepoint for every call), so a call that is refused or fails is
-//! rolled back alone, exactly as if it had had its own transaction, and the
+//! again with a savepoint for every call), so a call that is refused or
+//! fails is rolled back alone, exactly as if it had had its own transaction, and the
 //! others still commit: one client's failing call never fails another's. No call is answered before the commit that
 //! holds it: an answer is never sent for work that could still be lost.
 //! If the commit fails, every call it held gets the error (nothing of
@@ -63,10 +63,7 @@ pub(crate) trait WriteCall: Send + Sync + 'static {
     /// every call, see `run_batch`). The functions that say so keep that
     /// shape; see their doc comments. Such a call that fails is run once
     /// more, in the second run: a failure that does not recur is then not
-    /// answered. A finish keeps its savepoint, so that a failure after its
-    /// reply was written is answered as one, alone (measured without it:
-    /// about 0.3 ms less relay and PostgreSQL CPU a delivery, within one
-    /// run's noise; `workflows::concurrent_finishes_fail_alone`).
+    /// answered.
     fn refuses_before_writing(&self) -> bool {
         false
     }
@@ -563,8 +560,9 @@ async fn run_batch(
 }
 
 /// Runs one call in `tx`. Calls that may refuse after a first write get a
-/// savepoint, so that the refusal undoes that call alone. Savepoints are not released: they nest, at most `call_batch`
-/// deep, and the commit keeps every one that was not rolled back.
+/// savepoint, so that the refusal undoes that call alone. Savepoints are
+/// not released: they nest, at most `call_batch` deep, and the commit
+/// keeps every one that was not rolled back.
 /// `Ok(false)`: the call failed without a savepoint, and the transaction
 /// is lost.
 async fn run_one(
@@ -587,12 +585,12 @@ async fn run_one(
         tx.forget_locks_since(mark);
         return Ok(true);
     }
-    // A refusal of a call that refuses before writing wrote nothing. An error without a
-    // savepoint: PostgreSQL has aborted the transaction, SQLite may have
-    // ended it by itself (I/O errors, a full disk), so nothing after it may
-    // run in it. Everything is rolled back, and the batch runs again with
-    // a savepoint for every call: one client's failing call never fails
-    // another's.
+    // A refusal of a call that refuses before writing wrote nothing. An
+    // error without a savepoint: PostgreSQL has aborted the transaction,
+    // SQLite may have ended it by itself (I/O errors, a full disk), so
+    // nothing after it may run in it. Everything is rolled back, and the
+    // batch runs again with a savepoint for every call: one client's
+    // failing call never fails another's.
     Ok(!job.failed())
 }
 
