@@ -7,7 +7,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, PublicKey, Tag};
+use nostr::prelude::{Event, EventBuilder, Keys, Kind, PublicKey, Tag};
 use protocol::api::{ClaimRequest, DeliverySource, FinishRequest, Outcome as WireOutcome};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, Semaphore};
@@ -582,7 +582,7 @@ impl Runtime {
         let d = &last.item.delivery;
         let mut body = match outcome.clone() {
             Outcome::Delivered(text) => FinishRequest {
-                reply: text.and_then(|t| self.reply_event(channel, &last.item.message, &t)),
+                reply: text.map(|t| self.reply_event(channel, &last.item.message, &t)),
                 ..finish_body(d, WireOutcome::Delivered, None, None)
             },
             Outcome::Retry(why) | Outcome::Interrupted(why) => {
@@ -602,7 +602,7 @@ impl Runtime {
 
     /// The reply to one delivery: a kind 9 by the agent in the channel,
     /// threaded (NIP-10) under that delivery's workflow message.
-    fn reply_event(&self, channel: &str, last: &Event, text: &str) -> Option<Event> {
+    fn reply_event(&self, channel: &str, last: &Event, text: &str) -> Event {
         let root = last.tags.iter().find(|t| {
             let s = t.as_slice();
             s.len() >= 4 && s[0] == "e" && s[3] == "root"
@@ -618,10 +618,8 @@ impl Runtime {
             }
             None => tags.push(Tag::custom("e", [last.id.to_hex(), String::new(), "root".into()])),
         }
-        EventBuilder::new(Kind::from_u16(protocol::workflow::MESSAGE_KIND), text)
-            .tags(tags)
-            .finalize(&self.keys)
-            .ok()
+        let reply = EventBuilder::new(Kind::from_u16(protocol::workflow::MESSAGE_KIND), text);
+        protocol::sign::sign(reply.tags(tags), &self.keys)
     }
 
     /// Finishes a claim, retrying the same request (same token) until the

@@ -8,7 +8,7 @@
 //! once") needs storage and is the relay's job.
 
 use base64::Engine;
-use nostr::prelude::{Event, EventBuilder, FinalizeEvent, Keys, Kind, Tag};
+use nostr::prelude::{Event, EventBuilder, Keys, Kind, Tag};
 use sha2::{Digest, Sha256};
 
 /// Kind of a NIP-98 auth event.
@@ -163,10 +163,7 @@ pub fn build(keys: &Keys, method: &str, url: &str, body: &[u8]) -> Event {
     if !body.is_empty() {
         tags.push(Tag::custom("payload", [hex::encode(Sha256::digest(body))]));
     }
-    EventBuilder::new(Kind::from_u16(KIND), "")
-        .tags(tags)
-        .finalize(keys)
-        .expect("signing with local keys")
+    crate::sign::sign(EventBuilder::new(Kind::from_u16(KIND), "").tags(tags), keys)
 }
 
 /// The `Authorization` header value for an auth event.
@@ -183,7 +180,7 @@ pub fn header(keys: &Keys, method: &str, url: &str, body: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nostr::prelude::Timestamp;
+    use nostr::prelude::{FinalizeEvent, Timestamp};
 
     const URL: &str = "https://relay.example.com/deliveries/claim";
 

@@ -4,6 +4,9 @@
 //! verification after the signing). For the relay's own output, a wake per
 //! delivery, a message per step, notices, that check cost more CPU than
 //! the signing itself: 3% of the relay's CPU in the delivery benchmark.
+//! Agents sign with it too (their NIP-98 headers, their replies): a
+//! managed agent signs three events a delivery, and the bench's simulated
+//! agents share the machine with the relay they measure.
 //! libsecp256k1 signs with the key it is given and the id computed here,
 //! so the check can only fail on a bug of its own or a hardware fault;
 //! debug builds (every test) still run it.

@@ -1213,16 +1213,16 @@ impl SimAgent {
         } else {
             r#"{"ok": true}"#
         };
-        let reply = EventBuilder::new(Kind::from_u16(9), answer)
-            .tags([
-                Tag::custom("h", [self.channel.as_str()]),
-                Tag::custom(
-                    "e",
-                    [d["message_event_id"].as_str().unwrap_or_default(), "", "root"],
-                ),
-            ])
-            .finalize(&self.keys)
-            .unwrap();
+        let reply = EventBuilder::new(Kind::from_u16(9), answer).tags([
+            Tag::custom("h", [self.channel.as_str()]),
+            Tag::custom(
+                "e",
+                [d["message_event_id"].as_str().unwrap_or_default(), "", "root"],
+            ),
+        ]);
+        // Signed as an agent signs (protocol::sign: no check of its own
+        // signature after signing), so the generator's CPU is an agent's.
+        let reply = protocol::sign::sign(reply, &self.keys);
         let turn: Vec<&Value> = parts.iter().map(|p| &p["id"]).collect();
         let fin = self
             .call(
