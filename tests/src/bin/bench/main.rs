@@ -16,7 +16,7 @@ mod host;
 mod query;
 mod report;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -95,6 +95,15 @@ struct Args {
     /// Offered load (deliveries per second) of the delivery latency figure.
     #[arg(long, default_value_t = 250)]
     delivery_rate: u32,
+    /// How long each simulated agent works on a claimed delivery before it
+    /// finishes, in the delivery figure's paced phase (0: at once, the
+    /// worst case, where each burst's finishes share the machine with its
+    /// claims). A managed agent's handler takes seconds; with a work time
+    /// longer than a burst, the paced trigger-to-claim is the claim path
+    /// alone. Keep it under the time between triggers (agents per
+    /// `--delivery-rate`): each agent works on one delivery at a time.
+    #[arg(long, default_value_t = 0)]
+    agent_work_ms: u64,
     /// The measured relay's `deliveries.mention_debounce_secs` (the
     /// mentions figure: how long a conversation must be quiet before its
     /// mentions are claimed as one turn; 0: at once).
@@ -448,8 +457,9 @@ async fn memory(t: &Target, quick: bool) {
 /// throughput (every trigger posted as soon as the previous one is
 /// acknowledged: the queue is always full, so its latency is queueing), then
 /// latency at an offered load of `rate` deliveries per second (triggers
-/// paced, each mentioning every agent).
-async fn delivery(relay: &Relay, rounds: usize, quick: bool, rate: u32) {
+/// paced, each mentioning every agent; agents work `work_ms` on each
+/// delivery before they finish it).
+async fn delivery(relay: &Relay, rounds: usize, quick: bool, rate: u32, work_ms: u64) {
     use tests::workflow::{on_message, Fixture};
     let agents_n = if quick { 20 } else { 50 };
     let messages = if quick { 50 } else { 200 };
@@ -501,6 +511,7 @@ async fn delivery(relay: &Relay, rounds: usize, quick: bool, rate: u32) {
         burst_p50.push(percentile(&burst, 0.5), None, s.generator_cores, s.faults);
         burst_p99.push(percentile(&burst, 0.99), None, s.generator_cores, s.faults);
         let interval = Duration::from_secs_f64(agents_n as f64 / f64::from(rate.max(1)));
+        AGENT_WORK_MS.store(work_ms, Ordering::Relaxed);
         let meter = Meter::start(&target);
         let (paced, mut faults) = triggers(
             &mut fx,
@@ -511,6 +522,7 @@ async fn delivery(relay: &Relay, rounds: usize, quick: bool, rate: u32) {
             Some(interval),
         )
         .await;
+        AGENT_WORK_MS.store(0, Ordering::Relaxed);
         faults.refused += refusals.swap(0, Ordering::Relaxed);
         let s = meter.sample(&target, paced.len(), faults);
         paced_rates.push(s.rate, s.cpu_us, s.generator_cores, s.faults);
@@ -544,7 +556,10 @@ async fn delivery(relay: &Relay, rounds: usize, quick: bool, rate: u32) {
         &ours,
         &one(&burst_p99),
     );
-    let paced = format!("{agents_n} agents, {rate} deliveries/s offered");
+    let paced = match work_ms {
+        0 => format!("{agents_n} agents, {rate} deliveries/s offered"),
+        ms => format!("{agents_n} agents, {rate} deliveries/s offered, agents work {ms} ms"),
+    };
     report(
         &format!("delivery achieved ({paced})"),
         "deliveries/s",
@@ -1159,6 +1174,11 @@ async fn simulated_agent(
 /// the rows of its turn).
 static TURNS_FINISHED: AtomicUsize = AtomicUsize::new(0);
 
+/// How long a simulated agent works on a claimed delivery before it
+/// finishes it, in ms (`--agent-work-ms`, in the delivery figure's paced
+/// phase only; 0 elsewhere).
+static AGENT_WORK_MS: AtomicU64 = AtomicU64::new(0);
+
 /// A simulated agent's calls: claim, answer every delivery of the claim's
 /// turn with one reply, finish them together.
 struct SimAgent {
@@ -1204,6 +1224,10 @@ impl SimAgent {
                 .unwrap_or_default()
                 .to_string()
         };
+        let work_ms = AGENT_WORK_MS.load(Ordering::Relaxed);
+        if work_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(work_ms)).await;
+        }
         let parts = d["turn"].as_array().cloned().unwrap_or_default();
         let mut texts = vec![text_of(d)];
         texts.extend(parts.iter().map(text_of));
@@ -1436,7 +1460,7 @@ async fn main() {
         fanout::fanout(&targets, rounds, subs, args.fanout_others).await;
     }
     if only.contains(&"delivery") {
-        delivery(&relay, rounds, args.quick, args.delivery_rate).await;
+        delivery(&relay, rounds, args.quick, args.delivery_rate, args.agent_work_ms).await;
     }
     if only.contains(&"mentions") {
         mentions(
