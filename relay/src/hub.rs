@@ -157,9 +157,11 @@ pub struct Listener {
     community: String,
     id: u64,
     /// flume's, not tokio's: a bounded channel of tokio's takes about
-    /// 900 bytes at once (cache-padded fields and a first block of 32
-    /// slots), flume's about 200 and grows with what is queued, for every
-    /// subscribed connection.
+    /// 800 bytes at once (cache-padded fields and a first block of 32
+    /// slots) for every subscribed connection, flume's about 170. flume's
+    /// queue grows with what is queued and keeps that room: at most
+    /// `fanout_buffer_events` pointers (8 bytes each) for a listener that
+    /// once fell that far behind, where tokio's gives its blocks back.
     rx: flume::Receiver<Arc<Published>>,
 }
 
