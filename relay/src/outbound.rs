@@ -45,7 +45,10 @@ const MAX_BYTES_PER_FLUSH: usize = 64 * 1024;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Overflow;
 
-/// One queued frame.
+/// One queued frame. The queue holds each boxed: tokio's unbounded
+/// channel allocates its first block of 32 slots with the channel, for
+/// every connection (an idle one too), and a slot is a pointer (8 bytes)
+/// rather than a frame (48): about 1.3 KB less a connection.
 enum Frame {
     /// Owned text, charged whole to the connection and to the budget.
     Text(String),
@@ -102,7 +105,7 @@ struct Shared {
 
 /// Handle used by the connection task to queue messages.
 pub struct Outbound {
-    tx: mpsc::UnboundedSender<Frame>,
+    tx: mpsc::UnboundedSender<Box<Frame>>,
     shared: Arc<Shared>,
     max_bytes: usize,
 }
@@ -114,7 +117,7 @@ pub fn spawn(
     budget: Arc<Budget>,
 ) -> (Outbound, JoinHandle<()>) {
     assert!(max_bytes > 0);
-    let (tx, rx) = mpsc::unbounded_channel::<Frame>();
+    let (tx, rx) = mpsc::unbounded_channel::<Box<Frame>>();
     let shared = Arc::new(Shared {
         queued_bytes: AtomicUsize::new(0),
         drained: Notify::new(),
@@ -136,7 +139,7 @@ pub fn spawn(
 /// The writer's end of the queue. Dropping it (the writer stopped, or was
 /// aborted to drop a slow reader) gives back what was never written.
 struct Queue {
-    rx: mpsc::UnboundedReceiver<Frame>,
+    rx: mpsc::UnboundedReceiver<Box<Frame>>,
     shared: Arc<Shared>,
 }
 
@@ -153,12 +156,12 @@ impl Queue {
 
     async fn recv(&mut self) -> Option<Frame> {
         let f = self.rx.recv().await;
-        self.took(f)
+        self.took(f.map(|f| *f))
     }
 
     fn try_recv(&mut self) -> Option<Frame> {
         let f = self.rx.try_recv().ok();
-        self.took(f)
+        self.took(f.map(|f| *f))
     }
 }
 
@@ -178,7 +181,7 @@ impl Drop for Queue {
 /// a time; what a flush wrote is then released from the connection's bound.
 async fn write_all(
     mut sink: SplitSink<WebSocket, Message>,
-    rx: mpsc::UnboundedReceiver<Frame>,
+    rx: mpsc::UnboundedReceiver<Box<Frame>>,
     shared: Arc<Shared>,
 ) {
     let mut queue = Queue {
@@ -236,11 +239,13 @@ impl Outbound {
 
     /// Hands a counted frame to the writer (or gives its bytes back).
     fn send(&self, frame: Frame, len: usize, owned: usize) -> Result<(), Overflow> {
-        self.tx.send(frame).map_err(|mpsc::error::SendError(_)| {
-            self.shared.queued_bytes.fetch_sub(len, Ordering::SeqCst);
-            self.shared.budget.release(owned);
-            Overflow
-        })
+        self.tx
+            .send(Box::new(frame))
+            .map_err(|mpsc::error::SendError(_)| {
+                self.shared.queued_bytes.fetch_sub(len, Ordering::SeqCst);
+                self.shared.budget.release(owned);
+                Overflow
+            })
     }
 
     /// Queues a text message (an answer); fails past the bounds.
@@ -309,7 +314,7 @@ impl Outbound {
             code,
             reason: reason.to_string().into(),
         };
-        let _ = self.tx.send(Frame::Close(frame));
+        let _ = self.tx.send(Box::new(Frame::Close(frame)));
     }
 
     /// Resolves when the writer has stopped (socket error or close sent).
