@@ -84,8 +84,12 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
         tokio::spawn(statistics(state.clone())).abort_handle(),
         // Its own thread: it holds the write lock across the statements of
         // a step (see `dedicated`).
-        crate::dedicated::spawn("workflow-engine", crate::engine::run(state.clone()))
-            .context("starting the workflow engine")?,
+        crate::dedicated::spawn(
+            "workflow-engine",
+            crate::engine::run(state.clone()),
+            store.closed(),
+        )
+        .context("starting the workflow engine")?,
     ];
 
     if let Some(remote) = remote {

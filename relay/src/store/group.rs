@@ -283,7 +283,11 @@ impl Calls {
     /// that several writers (and the event writer) do share, on channels,
     /// authors and the community key, every batch takes first, in one
     /// order (`WriteCall::lock_keys`), so they queue instead of deadlocking.
-    pub(crate) fn start(pool: Pool, setup: WriterSetup) -> Result<Self, StoreError> {
+    pub(crate) fn start(
+        pool: Pool,
+        setup: WriterSetup,
+        linger: &tokio_util::sync::CancellationToken,
+    ) -> Result<Self, StoreError> {
         assert!(
             setup.queue > 0 && (1..=64).contains(&setup.batch),
             "call writer bounds"
@@ -302,7 +306,8 @@ impl Calls {
                 format!("call-writer-{i}")
             };
             let task = writer(pool.clone(), setup.origin.clone(), cfg.clone(), rx, setup.batch);
-            crate::dedicated::spawn(&name, task).map_err(|e| StoreError::Start(format!("{name}: {e}")))?;
+            crate::dedicated::spawn(&name, task, linger.clone())
+                .map_err(|e| StoreError::Start(format!("{name}: {e}")))?;
             txs.push(tx);
         }
         Ok(Self { txs })

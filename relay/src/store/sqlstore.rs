@@ -12,6 +12,7 @@ use nostr::prelude::{Event, Filter, Keys, PublicKey};
 use protocol::nip_oa::Attestation;
 use tokio::sync::mpsc;
 use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 
 use crate::admin::communities;
 use crate::admin::communities::CommunityRecord;
@@ -41,6 +42,10 @@ pub struct Store {
     writer: mpsc::Sender<InsertRequest>,
     /// The call writer (group commit of small write calls).
     pub(crate) calls: crate::store::group::Calls,
+    /// Cancelled once the pool is closed (or the store dropped): until
+    /// then the runtimes of the store's own threads, and of the engine's,
+    /// keep serving the pooled connections they opened (see `dedicated`).
+    closed: CancellationToken,
 }
 
 impl Store {
@@ -61,9 +66,11 @@ impl Store {
             max_batch: w.event_batch.max(1),
             max_batch_bytes: w.event_batch_bytes.max(1),
         };
+        let closed = CancellationToken::new();
         crate::dedicated::spawn(
             "event-writer",
             batch_writer(pool.clone(), origin.clone(), rx, bounds),
+            closed.clone(),
         )
         .map_err(|e| StoreError::Start(format!("event writer: {e}")))?;
         let setup = crate::store::group::WriterSetup {
@@ -73,13 +80,14 @@ impl Store {
             writers: w.call_writers,
             deliveries,
         };
-        let calls = crate::store::group::Calls::start(pool.clone(), setup)?;
+        let calls = crate::store::group::Calls::start(pool.clone(), setup, &closed)?;
         Ok(Self {
             pool,
             origin,
             partition_months_ahead,
             writer: tx,
             calls,
+            closed,
         })
     }
 
@@ -500,5 +508,18 @@ impl Store {
     /// Flushes and closes connections.
     pub async fn close(&self) {
         self.pool.close().await;
+        self.closed.cancel();
+    }
+
+    /// For a task on a thread of its own that uses this store: its runtime
+    /// lingers until this is cancelled (see `dedicated`).
+    pub(crate) fn closed(&self) -> CancellationToken {
+        self.closed.clone()
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.closed.cancel();
     }
 }
