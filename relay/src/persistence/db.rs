@@ -40,10 +40,12 @@ pub enum Pool {
     /// connections that writes, claims and finishes need; or, when the
     /// caller names one, on a standby of `read_database_urls`
     /// (`persistence::standbys`).
+    /// `pinned`: the writers' own pools ([`Pool::for_writer`]).
     Postgres {
         main: PgPool,
         queries: PgPool,
         standbys: Option<Arc<Standbys>>,
+        pinned: Arc<crate::persistence::pinned::Pinned>,
     },
 }
 
@@ -463,6 +465,26 @@ impl Pool {
 
     /// The writer connection (SQLite), or a connection of the pool, to hold
     /// across several transactions ([`Conn::begin`]).
+    /// This pool as a store writer on a thread of its own uses it, called
+    /// on that thread: on PostgreSQL, writes go to a pool of one
+    /// connection of its own (`persistence::pinned`).
+    pub fn for_writer(&self) -> Pool {
+        match self {
+            Pool::Sqlite { .. } => self.clone(),
+            Pool::Postgres {
+                main,
+                queries,
+                standbys,
+                pinned,
+            } => Pool::Postgres {
+                main: pinned.make(main),
+                queries: queries.clone(),
+                standbys: standbys.clone(),
+                pinned: pinned.clone(),
+            },
+        }
+    }
+
     pub async fn acquire_writer(&self) -> Result<Conn, StoreError> {
         Ok(match self {
             Pool::Sqlite { writer, .. } => Conn::Sqlite(writer.hold().await),
@@ -585,8 +607,14 @@ impl Pool {
     pub async fn close(&self) {
         match self {
             Pool::Sqlite { read, .. } => read.close().await,
-            Pool::Postgres { main, queries, .. } => {
+            Pool::Postgres {
+                main,
+                queries,
+                pinned,
+                ..
+            } => {
                 queries.close().await;
+                pinned.close().await;
                 main.close().await;
             }
         }

@@ -19,6 +19,7 @@ use tokio::sync::mpsc;
 use crate::config::PostgresConfig;
 use crate::persistence::db::{Tx, Q};
 use crate::persistence::hosts::redacted;
+use crate::persistence::pinned::Pinned;
 use crate::persistence::primary;
 use crate::persistence::standbys::Standbys;
 use crate::persistence::OpenMode;
@@ -58,12 +59,20 @@ const SCHEMA_LOCK_KEY: i64 = 0x7265_6c61_7970_6172; // "relaypar"
 /// `read_urls` (`read_database_urls`, one host each) are the standbys
 /// that may serve REQ and COUNT (`persistence::standbys`), with the query
 /// pool's settings; their watcher runs until the main pool is closed.
+///
+/// `pinned` of `cfg.pool_size` connections are the writers' own
+/// (`persistence::pinned`); the main pool has the rest.
 pub async fn open(
     url: &str,
     read_urls: &[String],
     cfg: &PostgresConfig,
+    pinned: u32,
     mode: OpenMode,
 ) -> Result<Opened, StoreError> {
+    assert!(
+        pinned < cfg.pool_size,
+        "the configuration leaves the main pool a connection"
+    );
     let hosts = super::hosts::parse(url).map_err(StoreError::Conflict)?;
     let options = hosts
         .urls
@@ -93,8 +102,13 @@ pub async fn open(
     let url = url.as_str();
     let epoch = primary::Epoch::new();
     let (opts, generic) = options[chosen].clone();
-    let pool = connect(pool_options(cfg.pool_size, cfg, &epoch), opts, url).await?;
+    let pool = connect(pool_options(cfg.pool_size - pinned, cfg, &epoch), opts, url).await?;
     let queries = connect(pool_options(cfg.query_pool_size, cfg, &epoch), generic, url).await?;
+    let settings = {
+        let (cfg, epoch) = (cfg.clone(), epoch.clone());
+        Box::new(move |size| pool_options(size, &cfg, &epoch))
+    };
+    let pinned = Arc::new(Pinned::new(settings, pinned as usize));
     if hosts.urls.len() > 1 {
         let following = primary::Following {
             hosts,
@@ -102,7 +116,12 @@ pub async fn open(
             current: chosen.into(),
             epoch,
         };
-        tokio::spawn(primary::watch(Arc::new(following), pool.clone(), queries.clone()));
+        let pools = primary::Pools {
+            main: pool.clone(),
+            queries: queries.clone(),
+            pinned: pinned.clone(),
+        };
+        tokio::spawn(primary::watch(Arc::new(following), pools));
     }
     migrate(&pool, url, mode).await?;
     let standbys = (!standbys.is_empty()).then(|| {
@@ -120,6 +139,7 @@ pub async fn open(
         main: pool,
         queries,
         standbys,
+        pinned,
     })
 }
 
@@ -128,6 +148,7 @@ pub struct Opened {
     pub main: PgPool,
     pub queries: PgPool,
     pub standbys: Option<Arc<Standbys>>,
+    pub pinned: Arc<Pinned>,
 }
 
 /// The main pool's options for the host of `url`.

@@ -2,7 +2,8 @@
 //! following it: with several hosts, a watcher checks the host in use
 //! every [`WATCH_EVERY`]; when it stops answering, or turns read-only
 //! while only a writable host will do (the primary was demoted), the
-//! hosts are probed again in order and both pools move to the one found.
+//! hosts are probed again in order and the pools (main, query, and the
+//! writers' pinned ones) move to the one found.
 //! Connections opened before the move are dropped when next taken from
 //! a pool ([`Epoch`]), so no write goes to the old host after it; the
 //! LISTEN connection reconnects through the pool. Until a host is found,
@@ -18,6 +19,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool};
 use sqlx::Connection;
 
 use super::hosts::{redacted, Hosts};
+use super::pinned::Pinned;
 use super::StoreError;
 
 /// How long choosing a host waits for one host's answer.
@@ -126,10 +128,22 @@ pub struct Following {
     pub epoch: Arc<Epoch>,
 }
 
-/// Checks the host in use every [`WATCH_EVERY`] and moves both pools to
+/// The pools that move together.
+pub struct Pools {
+    pub main: PgPool,
+    pub queries: PgPool,
+    pub pinned: Arc<Pinned>,
+}
+
+/// Checks the host in use every [`WATCH_EVERY`] and moves the pools to
 /// another when it fails (see the module's doc). Ends when the main pool
 /// is closed.
-pub async fn watch(f: Arc<Following>, main: PgPool, queries: PgPool) {
+pub async fn watch(f: Arc<Following>, pools: Pools) {
+    let Pools {
+        main,
+        queries,
+        pinned,
+    } = pools;
     let mut tick = tokio::time::interval(WATCH_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -148,6 +162,7 @@ pub async fn watch(f: Arc<Following>, main: PgPool, queries: PgPool) {
             Ok(i) => {
                 let (m, q) = &f.options[i];
                 main.set_connect_options(m.clone());
+                pinned.moved(m);
                 queries.set_connect_options(q.clone());
                 f.current.store(i, Ordering::Release);
                 f.epoch.moved();

@@ -289,12 +289,14 @@ impl Calls {
         linger: &tokio_util::sync::CancellationToken,
     ) -> Result<Self, StoreError> {
         assert!(
-            setup.queue > 0 && (1..=64).contains(&setup.batch),
+            setup.queue > 0
+                && (1..=64).contains(&setup.batch)
+                && (1..=MAX_CALL_WRITERS).contains(&setup.writers),
             "call writer bounds"
         );
         let writers = match pool {
             Pool::Sqlite { .. } => 1,
-            Pool::Postgres { .. } => setup.writers.clamp(1, 64),
+            Pool::Postgres { .. } => setup.writers,
         };
         let cfg = Arc::new(setup.deliveries);
         let mut txs = Vec::with_capacity(writers);
@@ -347,6 +349,14 @@ impl Calls {
     }
 }
 
+/// At most this many call writers side by side (PostgreSQL).
+const MAX_CALL_WRITERS: usize = 64;
+
+/// How many call writers PostgreSQL gets (`writer.call_writers`, bounded).
+pub(crate) fn call_writers(cfg: &crate::config::WriterConfig) -> usize {
+    cfg.call_writers.clamp(1, MAX_CALL_WRITERS)
+}
+
 /// Batches in a row on one held connection, at most, before the other
 /// writers (events, the workflow engine) get their turn at it.
 const HELD_BATCHES: usize = 8;
@@ -358,6 +368,7 @@ async fn writer(
     mut rx: mpsc::Receiver<Box<dyn Queued>>,
     batch_max: usize,
 ) {
+    let pool = pool.for_writer();
     // Calls taken off the queue and not yet run: at most two batches.
     let mut waiting: VecDeque<Box<dyn Queued>> = VecDeque::with_capacity(2 * batch_max);
     let mut batch = Vec::with_capacity(batch_max);

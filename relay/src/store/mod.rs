@@ -57,15 +57,19 @@ pub async fn open(cfg: &crate::config::Config, mode: OpenMode) -> Result<std::sy
             cfg.deliveries.clone(),
         )?))
     } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+        // The event writer's and each call writer's own connection.
+        let pinned = crate::store::group::call_writers(&cfg.writer) + 1;
         let postgres::Opened {
             main,
             queries,
             standbys,
-        } = postgres::open(url, &cfg.read_database_urls, &cfg.postgres, mode).await?;
+            pinned,
+        } = postgres::open(url, &cfg.read_database_urls, &cfg.postgres, pinned as u32, mode).await?;
         let pool = db::Pool::Postgres {
             main,
             queries,
             standbys,
+            pinned,
         };
         let store = sqlstore::Store::new(pool, ahead, &cfg.writer, cfg.deliveries.clone())?;
         store.maintain(crate::clock::unix_now()).await?;

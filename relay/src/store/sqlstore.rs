@@ -77,7 +77,7 @@ impl Store {
             origin: origin.clone(),
             queue: w.call_queue,
             batch: w.call_batch,
-            writers: w.call_writers,
+            writers: crate::store::group::call_writers(w),
             deliveries,
         };
         let calls = crate::store::group::Calls::start(pool.clone(), setup, &closed)?;

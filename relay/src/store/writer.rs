@@ -47,6 +47,7 @@ pub(crate) async fn batch_writer(
     mut rx: mpsc::Receiver<InsertRequest>,
     bounds: Bounds,
 ) {
+    let pool = pool.for_writer();
     let mut queued: Fair<[u8; 32], InsertRequest> = Fair::default();
     loop {
         if queued.is_empty() {
