@@ -30,6 +30,7 @@ use crate::store::InsertOutcome;
 use crate::verify;
 
 mod event;
+mod gate;
 mod read;
 
 /// WebSocket close code for a message above the hard size cap.
@@ -186,7 +187,9 @@ pub async fn run(socket: WebSocket, state: Arc<AppState>, community: Arc<Communi
     // Events of this connection verified or stored at once, at most.
     let max_inflight = limits.max_inflight_events;
     assert!(max_inflight > 0, "validated at load");
-    let (sink, mut stream) = socket.split();
+    let (sink, stream) = socket.split();
+    // Polled only when the socket woke it (`gate`): not after every live event.
+    let mut stream = gate::Gated::new(stream);
     let (out, writer) = outbound::spawn(sink, limits.max_outbound_bytes, state.output.clone());
     let mut conn = Conn {
         bucket: TokenBucket::new(limits.events_per_second, limits.events_burst),
@@ -228,11 +231,11 @@ pub async fn run(socket: WebSocket, state: Arc<AppState>, community: Arc<Communi
             Some(checked) = conn.verifying.next(), if !conn.verifying.is_empty() => {
                 conn.after_verify(checked).await.map(|_| true)
             }
-            // Live events before the socket: polling the socket costs a
-            // read-buffer fill (tungstenite zeroes it) even when nothing
-            // came, and a live event is the usual reason this task woke.
-            // The socket still gets its turn whenever no live event waits,
-            // and the live backlog is bounded by `fanout_buffer_events`.
+            // Live events before the socket: a live event is the usual
+            // reason this task woke. The socket still gets its turn
+            // whenever no live event waits (the live backlog is bounded by
+            // `fanout_buffer_events`), and is read only once it woke the
+            // task (`gate`).
             item = next_live(&mut conn.live), if !draining => match item {
                 Ok(p) => conn.on_live(&p).await.map(|_| true),
                 Err(Lagged) => {
