@@ -71,9 +71,10 @@ pub struct WriterConfig {
 /// The call writers a machine gets by default: one a core, at least 2
 /// and at most 4. Each writer is a thread that spends most of its time
 /// waiting for PostgreSQL's answers, and wakes for each of them: on two
-/// cores shared with PostgreSQL, 2 writers delivered 1,033-1,201
-/// deliveries/s where 4 delivered 835-1,008 (`bench --backend postgres
-/// --only delivery --rounds 1`, alternated); more cores than 4 gain
+/// cores shared with PostgreSQL, 2 writers delivered 896-1,201
+/// deliveries/s (median 1,086) where 4 delivered 818-1,008 (median 835)
+/// and 1 786-794 (`bench --backend postgres --only delivery --rounds 1`,
+/// alternated; docs/performance.md); more cores than 4 gain
 /// little, since a caller's calls stay on one writer and the writers
 /// share the advisory locks.
 pub fn default_call_writers() -> usize {
