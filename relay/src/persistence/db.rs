@@ -463,11 +463,9 @@ impl Pool {
         }
     }
 
-    /// The writer connection (SQLite), or a connection of the pool, to hold
-    /// across several transactions ([`Conn::begin`]).
-    /// This pool as a store writer on a thread of its own uses it, called
-    /// on that thread: on PostgreSQL, writes go to a pool of one
-    /// connection of its own (`persistence::pinned`).
+    /// This pool as a store writer sees it, called on the writer's own
+    /// thread: on PostgreSQL its writes go to a pool of one connection of
+    /// its own, opened on that thread (`persistence::pinned`).
     pub fn for_writer(&self) -> Pool {
         match self {
             Pool::Sqlite { .. } => self.clone(),
@@ -485,6 +483,8 @@ impl Pool {
         }
     }
 
+    /// The writer connection (SQLite), or a connection of the pool, to hold
+    /// across several transactions ([`Conn::begin`]).
     pub async fn acquire_writer(&self) -> Result<Conn, StoreError> {
         Ok(match self {
             Pool::Sqlite { writer, .. } => Conn::Sqlite(writer.hold().await),
