@@ -18,6 +18,7 @@ backend_tests!(
     concurrent_executions_collapse_to_one,
     wake_only_for_new_rows_and_only_to_the_target,
     claim_rules,
+    claims_at_once_take_each_row_once,
     fencing_refusals,
     retry_backoff_and_attempt_cap,
     lapsed_leases_terminal_or_read_only_redelivery,
@@ -571,6 +572,91 @@ async fn claim_rules(backend: Backend) {
     assert!(v["deliveries"].as_array().unwrap().is_empty());
     let (status, _) = api(&relay, &fx.agents[0], "GET", "/deliveries?status=bogus", None).await;
     assert_eq!(status, 400);
+}
+
+/// Agents woken together claim together: the call writer makes a batch's
+/// claims by name in one statement. Each row is claimed once, by its
+/// agent, with a token of its own that its finish is accepted with; a
+/// caller's second claim of its row at once, and a claim of another
+/// agent's row, are answered as on their own.
+async fn claims_at_once_take_each_row_once(backend: Backend) {
+    // One call writer: every claim goes to one queue, and its batches.
+    let relay = Relay::start_opts(
+        &backend,
+        RelayOptions {
+            config_toml: format!("{FAST}[writer]\ncall_writers = 1\n"),
+            ..Default::default()
+        },
+    );
+    let n = 12;
+    let mut fx = Fixture::new(&relay, "ops", n).await;
+    let all: Vec<String> = (0..n).map(|i| fx.mention(i)).collect();
+    fx.define("w", &on_message(&format!("{} go", all.join(" "))))
+        .await;
+    let mut rounds = 0;
+    while !relay.log().contains("claims made in one statement") {
+        rounds += 1;
+        assert!(
+            rounds <= 8,
+            "no batch held two claims by name in 8 rounds: the test proved nothing"
+        );
+        let trigger = fx.post(&format!("go {rounds}")).await;
+        let msg = message_for(&mut fx.owner_client, "ops", &trigger).await;
+        let rows = eventually(|| async {
+            let r: Vec<Value> = deliveries(&relay)
+                .into_iter()
+                .filter(|r| r["message_event_id"] == msg.id.to_hex())
+                .collect();
+            (r.len() == n).then_some(r)
+        })
+        .await;
+        let row_of = |agent: &Keys| {
+            let row = rows
+                .iter()
+                .find(|r| r["target_pubkey"] == hex(agent))
+                .expect("a row each");
+            let expected = json!({"run_id": row["run_id"], "step_id": "notify",
+                "definition_event_id": row["definition_event_id"], "message_event_id": msg.id.to_hex(),
+                "channel": "ops"});
+            json!({"delivery_id": row["id"], "expected": expected})
+        };
+        // Every agent its own; agent 0 twice; agent 1 agent 2's row too.
+        let mut asks: Vec<(usize, Value)> = (0..n).map(|i| (i, row_of(&fx.agents[i]))).collect();
+        asks.push((0, row_of(&fx.agents[0])));
+        asks.push((1, row_of(&fx.agents[2])));
+        let answers = futures_util::future::join_all(
+            asks.iter()
+                .map(|(i, body)| claim(&relay, &fx.agents[*i], body.clone())),
+        )
+        .await;
+        let (stolen, own) = answers.split_last().expect("answers");
+        assert_eq!((stolen.0, stolen.1["error"].as_str()), (403, Some("not_target")));
+        let mut tokens = std::collections::HashSet::new();
+        let mut claimed_by = vec![0; n];
+        for ((i, body), (status, v)) in asks.iter().zip(own) {
+            assert_eq!(*status, 200, "{v}");
+            let d = &v["delivery"];
+            if d.is_null() {
+                continue;
+            }
+            assert_eq!(d["id"], body["delivery_id"]);
+            assert_eq!(d["attempt"], 1);
+            assert!(tokens.insert(d["claim_token"].as_str().expect("token").to_string()));
+            claimed_by[*i] += 1;
+            let reply = event(&fx.agents[*i], 9, "done", &[&["h", "ops"]]);
+            let done = json!({"claim_token": d["claim_token"], "outcome": "delivered", "reply": reply});
+            let id = d["id"].as_str().expect("id");
+            tests::workflow::ok(tests::workflow::finish(&relay, &fx.agents[*i], id, &done).await);
+        }
+        assert_eq!(claimed_by, vec![1; n], "each row claimed once, by its agent");
+    }
+    for row in deliveries(&relay) {
+        assert_eq!(
+            (row["status"].as_str(), row["attempt"].as_i64()),
+            (Some("delivered"), Some(1)),
+            "{row}"
+        );
+    }
 }
 
 /// Every page of a listing (`key` its items), following `next_before`

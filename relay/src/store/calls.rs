@@ -10,14 +10,14 @@ use protocol::api::{ClaimRequest, FinishRequest, OperationRequest, Outcome, Rene
 
 use crate::channels::rules as channels;
 use crate::config::{ChannelPolicy, DeliveryConfig};
-use crate::delivery::claim::Turn;
+use crate::delivery::claim::{NamedClaim, Turn};
 use crate::delivery::deliveries;
 use crate::delivery::deliveries::Finished;
 use crate::events::rules::author_lock_key;
 use crate::events::InsertOutcome;
 use crate::persistence::db::Tx;
 use crate::refusal::Answer;
-use crate::store::group::WriteCall;
+use crate::store::group::{ClaimsTogether, WriteCall};
 
 /// Nothing but the job's auth record (a NIP-98 request that writes nothing
 /// else): submitted with `Calls::run_spending`. Its record is written
@@ -84,18 +84,44 @@ impl WriteCall for Claim {
         Box::pin(async move {
             let claimed =
                 crate::delivery::claim::claim(tx, &self.community, &self.caller, &self.req, cfg).await?;
-            let now = crate::clock::unix_now() as i64;
-            let statuses = claimed
-                .iter()
-                .flat_map(Turn::rows)
-                .filter_map(|d| crate::channels::mentions::working(&self.keys, d, now))
-                .collect();
-            Ok((claimed, statuses))
+            Ok(self.reply(claimed))
         })
+    }
+
+    fn claims_together(&self) -> Option<&dyn ClaimsTogether<Claimed>> {
+        Some(self)
     }
 
     fn announced((_, statuses): &Self::Reply) -> Vec<&str> {
         statuses.iter().map(|(_, raw)| raw.as_str()).collect()
+    }
+}
+
+impl Claim {
+    /// The answer to a claim that took `claimed`.
+    fn reply(&self, claimed: Option<Turn>) -> Claimed {
+        let now = crate::clock::unix_now() as i64;
+        let statuses = claimed
+            .iter()
+            .flat_map(Turn::rows)
+            .filter_map(|d| crate::channels::mentions::working(&self.keys, d, now))
+            .collect();
+        (claimed, statuses)
+    }
+}
+
+impl ClaimsTogether<Claimed> for Claim {
+    fn named_claim(&self) -> Option<NamedClaim<'_>> {
+        self.req.delivery_id.as_ref()?;
+        Some(NamedClaim {
+            community: &self.community,
+            caller: &self.caller,
+            req: &self.req,
+        })
+    }
+
+    fn claimed(&self, turn: Turn) -> Answer<Claimed> {
+        Ok(self.reply(Some(turn)))
     }
 }
 

@@ -27,6 +27,7 @@ use nostr::prelude::PublicKey;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::DeliveryConfig;
+use crate::delivery::claim::{NamedClaim, Turn};
 use crate::persistence::db::{Conn, Dialect, Pool, Tx, Q};
 use crate::persistence::StoreError;
 use crate::refusal::{Answer, CallError, Refusal};
@@ -82,6 +83,12 @@ pub(crate) trait WriteCall: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// The call, if its batch may make its claim by name with other
+    /// callers' in one statement before the calls run ([`claim_together`]).
+    fn claims_together(&self) -> Option<&dyn ClaimsTogether<Self::Reply>> {
+        None
+    }
+
     /// Runs the call in `tx` (inside its savepoint, when it has one).
     fn run<'a>(&'a self, tx: &'a mut Tx<'_>, cfg: &'a DeliveryConfig) -> BoxFuture<'a, Answer<Self::Reply>>;
 
@@ -98,9 +105,22 @@ pub(crate) trait WriteCall: Send + Sync + 'static {
     }
 }
 
+/// A call whose claim by name its batch may make with other callers' in
+/// one statement (`delivery::claim::claim_together`), before the calls run.
+pub(crate) trait ClaimsTogether<R> {
+    /// The claim, if it names its row as a wake said.
+    fn named_claim(&self) -> Option<NamedClaim<'_>>;
+
+    /// The call's answer when its batch's statement claimed `turn` for it.
+    fn claimed(&self, turn: Turn) -> Answer<R>;
+}
+
 /// A queued call, its answer once it ran, and where the answer goes.
 struct Job<C: WriteCall> {
     call: C,
+    /// What its batch claimed for it before the calls ran (this run of the
+    /// batch: set again at each, see [`claim_together`]).
+    together: Option<Turn>,
     /// The auth event the call spends (recorded before the batch's calls
     /// run: `spend_all`).
     spends: Option<HttpAuthUse>,
@@ -111,6 +131,12 @@ struct Job<C: WriteCall> {
 /// A [`Job`] of any call, as the writer handles it.
 trait Queued: Send + Sync {
     fn community(&self) -> &str;
+    fn caller(&self) -> Option<&PublicKey>;
+    /// Its call's claim by name, if its batch may make it with others'.
+    fn named_claim(&self) -> Option<NamedClaim<'_>>;
+    /// What its batch claimed for it in this run of the batch (`None`:
+    /// nothing, the call runs as it is).
+    fn set_together(&mut self, turn: Option<Turn>);
     fn spends(&self) -> Option<&HttpAuthUse>;
     fn refuses_before_writing(&self) -> bool;
     fn starts_work(&self) -> bool;
@@ -134,6 +160,19 @@ impl<C: WriteCall> Queued for Job<C> {
         self.call.community()
     }
 
+    fn caller(&self) -> Option<&PublicKey> {
+        self.call.caller()
+    }
+
+    fn named_claim(&self) -> Option<NamedClaim<'_>> {
+        self.call.claims_together()?.named_claim()
+    }
+
+    fn set_together(&mut self, turn: Option<Turn>) {
+        debug_assert!(turn.is_none() || self.call.claims_together().is_some());
+        self.together = turn;
+    }
+
     fn spends(&self) -> Option<&HttpAuthUse> {
         self.spends.as_ref()
     }
@@ -152,7 +191,13 @@ impl<C: WriteCall> Queued for Job<C> {
 
     fn run<'a>(&'a mut self, tx: &'a mut Tx<'_>, cfg: &'a DeliveryConfig) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            self.answer = Some(self.call.run(tx, cfg).await);
+            self.answer = Some(match self.together.take() {
+                Some(turn) => match self.call.claims_together() {
+                    Some(call) => call.claimed(turn),
+                    None => unreachable!("a claim made together is a call's that claims together"),
+                },
+                None => self.call.run(tx, cfg).await,
+            });
         })
     }
 
@@ -339,6 +384,7 @@ impl Calls {
         let pick = usize::from(u16::from_le_bytes([key[0], key[1]])) % self.txs.len();
         let job = Job {
             call,
+            together: None,
             spends,
             answer: None,
             reply,
@@ -540,6 +586,23 @@ async fn run_batch(
         Ok(s) => s,
         Err(e) => return fail_all(batch, e),
     };
+    // A failure here is any call's: the batch runs again, each call on its
+    // own (nothing of this run is committed).
+    let together = if guard_all {
+        Vec::new()
+    } else {
+        match claim_together(&mut tx, cfg, batch, &spent).await {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::debug!(error = %e, "claims of a batch in one statement failed");
+                return Ran::Again;
+            }
+        }
+    };
+    let mut together = together.into_iter();
+    for job in batch.iter_mut() {
+        job.set_together(together.next().flatten());
+    }
     for (job, fresh) in batch.iter_mut().zip(spent) {
         if fresh == Some(false) {
             job.replayed();
@@ -573,6 +636,50 @@ async fn run_batch(
         return Ran::Done { healthy: false };
     }
     Ran::Done { healthy: true }
+}
+
+/// Makes the claims by name of `batch` in one statement
+/// (`delivery::claim::claim_together`): those whose auth event was fresh,
+/// each of a caller with no other call in the batch (a caller's calls run
+/// in order: its finish before its next claim, which then has room under
+/// its agent's cap). Returns what each job's claim took, in batch order.
+/// The claims are made before the batch's other calls run: they were all
+/// queued at once, so either order is one they could have had.
+async fn claim_together(
+    tx: &mut Tx<'_>,
+    cfg: &DeliveryConfig,
+    batch: &[Box<dyn Queued>],
+    spent: &[Option<bool>],
+) -> Result<Vec<Option<Turn>>, StoreError> {
+    let mut calls_of: std::collections::HashMap<[u8; 32], usize> = std::collections::HashMap::new();
+    for pk in batch.iter().filter_map(|j| j.caller()) {
+        *calls_of.entry(pk.to_bytes()).or_default() += 1;
+    }
+    let mut picked = Vec::new();
+    let mut claims = Vec::new();
+    for (i, (job, fresh)) in batch.iter().zip(spent).enumerate() {
+        let alone = job
+            .caller()
+            .is_some_and(|pk| calls_of.get(&pk.to_bytes()) == Some(&1));
+        if *fresh == Some(false) || !alone {
+            continue;
+        }
+        if let Some(claim) = job.named_claim() {
+            picked.push(i);
+            claims.push(claim);
+        }
+    }
+    let mut together: Vec<Option<Turn>> = batch.iter().map(|_| None).collect();
+    if claims.len() < 2 {
+        // One claim is made by its call, as it would be on its own.
+        return Ok(together);
+    }
+    let now = tx.now().await?;
+    let claimed = crate::delivery::claim::claim_together(tx, &claims, cfg, now).await?;
+    for (i, turn) in picked.into_iter().zip(claimed) {
+        together[i] = turn;
+    }
+    Ok(together)
 }
 
 /// Runs one call in `tx`. Calls that may refuse after a first write get a
@@ -651,6 +758,7 @@ mod tests {
     /// `starts`: a claim or a channel message; otherwise a finish-like call.
     fn job(starts: bool, n: usize) -> Box<dyn Queued> {
         Box::new(Job {
+            together: None,
             call: Test {
                 community: format!("c{n}"),
                 starts_work: starts,

@@ -3,7 +3,10 @@
 //! the machine (with the counts it loads) and through the claim paths on a
 //! real SQLite file.
 
-use super::{claim_by_name, claim_first, claim_named, machine, Grant, On, Transition};
+use super::{
+    claim_by_name, claim_first, claim_named, claim_together, machine, Grant, NamedClaim, On, Transition,
+};
+use crate::config::DeliveryConfig;
 use crate::persistence::db::{Tx, Q};
 use crate::persistence::sqlite;
 use crate::persistence::OpenMode;
@@ -229,6 +232,17 @@ async fn insert(tx: &mut Tx<'_>, community: &str, target: &PublicKey, c: &Case) 
     }
 }
 
+/// The relay's settings a case's claim is made under: its agent cap, and
+/// [`WAITED_SINCE`] (as [`grant`]).
+fn config(c: &Case) -> DeliveryConfig {
+    DeliveryConfig {
+        agent_concurrency: c.caps.agent.map_or(0, |cap| cap as u32),
+        mention_max_wait_secs: (NOW - WAITED_SINCE) as u32,
+        max_lease_secs: LEASE as u64,
+        ..Default::default()
+    }
+}
+
 fn grant(c: &Case) -> Grant {
     Grant {
         token: "new".into(),
@@ -240,47 +254,86 @@ fn grant(c: &Case) -> Grant {
     }
 }
 
-#[tokio::test]
-async fn the_machine_and_both_claim_statements_agree_on_every_row() {
+/// A fresh SQLite store whose rows stand alone: no run, message or
+/// definition behind them (its directory is kept with it).
+async fn store() -> (tempfile::TempDir, sqlite::Opened) {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("claims.db").display());
     let opened = sqlite::open(&url, &Default::default(), OpenMode::Create)
         .await
         .expect("open");
-    // The rows stand alone: no run, message or definition behind them.
     opened
         .writer
         .exec(&Q::new("PRAGMA foreign_keys = OFF"))
         .await
         .unwrap();
-    let mut tx = Tx::SqliteWrite(opened.writer.begin().await.unwrap());
-    let (caller, other) = (Keys::generate().public_key(), Keys::generate().public_key());
-    let expected = Expected {
+    (dir, opened)
+}
+
+/// The bindings every inserted row has, as its wake would say them.
+fn expected() -> Expected {
+    Expected {
         run_id: "r".into(),
         step_id: "s".into(),
         definition_event_id: hex::encode([1u8; 32]),
         message_event_id: hex::encode([2u8; 32]),
         channel: "ch".into(),
-    };
+    }
+}
+
+/// The claim by name of row `d` of `community`, as its wake said, on its
+/// own (`None` too when refused).
+async fn by_name(tx: &mut Tx<'_>, community: &str, caller: &PublicKey, case: &Case) -> Option<super::Turn> {
+    claim_by_name(tx, community, caller, "d", Some(&expected()), LEASE, &grant(case))
+        .await
+        .unwrap_or(None)
+}
+
+#[tokio::test]
+async fn the_machine_and_both_claim_statements_agree_on_every_row() {
+    let (_dir, opened) = store().await;
+    let mut tx = Tx::SqliteWrite(opened.writer.begin().await.unwrap());
+    let (caller, other) = (Keys::generate().public_key(), Keys::generate().public_key());
+    let expected = expected();
     let mut claimed = 0;
     for (i, case) in cases().iter().enumerate() {
         let decided = machine_claims(case);
         let target = if case.is_target { caller } else { other };
         let (named, oldest, loaded) = (format!("named{i}"), format!("oldest{i}"), format!("loaded{i}"));
+        let joint = format!("joint{i}");
+        insert(&mut tx, &joint, &target, case).await;
         insert(&mut tx, &named, &target, case).await;
         insert(&mut tx, &oldest, &target, case).await;
         insert(&mut tx, &loaded, &target, case).await;
-        let by_id = claim_by_name(
-            &mut tx,
-            &named,
-            &caller,
-            "d",
-            Some(&expected),
-            LEASE,
-            &grant(case),
-        )
-        .await
-        .unwrap_or(None);
+        // A batch's statement of claims by name, then (for what it left)
+        // the claim on its own, as the call writer makes them.
+        let req = protocol::api::ClaimRequest {
+            delivery_id: Some("d".into()),
+            expected: Some(expected.clone()),
+            lease_seconds: Some(LEASE as u64),
+            records_operations: Some(true),
+        };
+        let one = [NamedClaim {
+            community: &joint,
+            caller: &caller,
+            req: &req,
+        }];
+        let together = claim_together(&mut tx, &one, &config(case), NOW)
+            .await
+            .expect("claims together")
+            .pop()
+            .flatten();
+        let alone = case.caps.workflow.is_none() && case.talk == Talk::Alone;
+        assert_eq!(
+            together.is_some(),
+            decided.is_some() && alone,
+            "together: {case:?}"
+        );
+        let by_joint = match together {
+            Some(turn) => Some(turn),
+            None => by_name(&mut tx, &joint, &caller, case).await,
+        };
+        let by_id = by_name(&mut tx, &named, &caller, case).await;
         let by_age = claim_first(&mut tx, &oldest, &caller, LEASE, &grant(case))
             .await
             .expect("claim oldest");
@@ -288,7 +341,13 @@ async fn the_machine_and_both_claim_statements_agree_on_every_row() {
         let by_machine = claim_named(&mut tx, &loaded, &caller, "d", None, LEASE, &grant(case))
             .await
             .unwrap_or(None);
-        for (path, got) in [("by id", by_id), ("oldest", by_age), ("loaded", by_machine)] {
+        let paths = [
+            ("together", by_joint),
+            ("by id", by_id),
+            ("oldest", by_age),
+            ("loaded", by_machine),
+        ];
+        for (path, got) in paths {
             if let Some(turn) = &got {
                 assert!(turn.joined.is_empty(), "{path}: nothing else is due in {case:?}");
             }
@@ -304,4 +363,64 @@ async fn the_machine_and_both_claim_statements_agree_on_every_row() {
     // under no cap, or under caps with room (3 of the 5 cap cases), and
     // a mention alone in its conversation or that waited its longest.
     assert_eq!(claimed, 4 * 3 + 4 * 2);
+}
+
+#[tokio::test]
+async fn one_statement_claims_each_callers_row_and_leaves_the_rest() {
+    let (_dir, opened) = store().await;
+    let mut tx = Tx::SqliteWrite(opened.writer.begin().await.unwrap());
+    let due = Case {
+        status: Status::Pending,
+        is_target: true,
+        next_attempt_at: NOW,
+        expires_at: NOW + 1_000,
+        revising: false,
+        caps: CAPS[0],
+        talk: Talk::Alone,
+    };
+    let callers: Vec<PublicKey> = (0..4).map(|_| Keys::generate().public_key()).collect();
+    // A community each; the third caller's row is not due; the fourth
+    // caller names the first one's row.
+    let places = ["a", "b", "c", "a"];
+    for (k, (pk, community)) in callers.iter().zip(places).enumerate() {
+        let case = Case {
+            next_attempt_at: if k == 2 { NOW + 1 } else { NOW },
+            ..due
+        };
+        if k < 3 {
+            insert(&mut tx, community, pk, &case).await;
+        }
+    }
+    let expected = expected();
+    let req = protocol::api::ClaimRequest {
+        delivery_id: Some("d".into()),
+        expected: Some(expected),
+        lease_seconds: Some(LEASE as u64),
+        records_operations: None,
+    };
+    let claims: Vec<NamedClaim<'_>> = callers
+        .iter()
+        .zip(places)
+        .map(|(caller, community)| NamedClaim {
+            community,
+            caller,
+            req: &req,
+        })
+        .collect();
+    let got = claim_together(&mut tx, &claims, &config(&due), NOW)
+        .await
+        .expect("claims together");
+    let leads: Vec<Option<&super::Delivery>> = got.iter().map(|t| t.as_ref().map(|t| &t.lead)).collect();
+    assert!(leads[0].is_some_and(|d| d.target == callers[0].to_bytes()));
+    assert!(leads[1].is_some_and(|d| d.target == callers[1].to_bytes()));
+    assert!(leads[2].is_none(), "not due");
+    assert!(leads[3].is_none(), "another agent's row");
+    let (a, b) = (leads[0].unwrap(), leads[1].unwrap());
+    assert_ne!(a.claim_token, b.claim_token, "a token each");
+    assert_eq!(a.claim_expires_at, Some(NOW + LEASE));
+    // Claimed: a second statement takes neither again.
+    let again = claim_together(&mut tx, &claims[..2], &config(&due), NOW)
+        .await
+        .expect("claims together");
+    assert!(again.iter().all(Option::is_none));
 }
