@@ -79,12 +79,18 @@ fn announce(state: &AppState, community: &str, published: Vec<(Event, String)>) 
 /// round trip per earlier wake. A wake is only an accelerator: agents also
 /// poll, so a lost wake costs latency, never work.
 async fn wake_all(state: &AppState, community: &str, keys: &Keys, new: &[NewDelivery]) {
+    let started = std::time::Instant::now();
     let mut raws = Vec::with_capacity(new.len());
     for d in new {
         if let Some(raw) = wake(state, community, keys, d) {
             raws.push(raw);
         }
     }
+    tracing::debug!(
+        wakes = raws.len(),
+        elapsed_us = started.elapsed().as_micros() as u64,
+        "wakes signed and sent here"
+    );
     if let Err(e) = state.store.publish_ephemeral(community, &raws).await {
         tracing::warn!(error = %e, "wakes not forwarded to other relay processes");
     }

@@ -19,6 +19,7 @@ backend_tests!(
     wake_only_for_new_rows_and_only_to_the_target,
     claim_rules,
     claims_at_once_take_each_row_once,
+    claims_at_once_keep_a_workflows_cap,
     fencing_refusals,
     retry_backoff_and_attempt_cap,
     lapsed_leases_terminal_or_read_only_redelivery,
@@ -574,25 +575,48 @@ async fn claim_rules(backend: Backend) {
     assert_eq!(status, 400);
 }
 
+/// A relay with one call writer (every claim goes to one queue, and its
+/// batches) and `n` agents in "ops", each mentioned by the workflow "w"
+/// on every message (with its `concurrency` cap, if any).
+async fn all_asked(backend: &Backend, n: usize, concurrency: Option<u32>) -> (Relay, Fixture) {
+    let relay = Relay::start_opts(
+        backend,
+        RelayOptions {
+            config_toml: format!("{FAST}[writer]\ncall_writers = 1\n"),
+            ..Default::default()
+        },
+    );
+    let mut fx = Fixture::new(&relay, "ops", n).await;
+    let all: Vec<String> = (0..n).map(|i| fx.mention(i)).collect();
+    let mut def = on_message(&format!("{} go", all.join(" ")));
+    if let Some(cap) = concurrency {
+        def["concurrency"] = json!(cap);
+    }
+    fx.define("w", &def).await;
+    (relay, fx)
+}
+
+/// The claim body of `agent`'s row among `rows`, named with its bindings
+/// as its wake said them (the message `msg` of step "notify").
+fn as_woken(rows: &[Value], agent: &Keys, msg: &Event) -> Value {
+    let row = rows
+        .iter()
+        .find(|r| r["target_pubkey"] == hex(agent))
+        .expect("a row each");
+    let expected = json!({"run_id": row["run_id"], "step_id": "notify",
+        "definition_event_id": row["definition_event_id"], "message_event_id": msg.id.to_hex(),
+        "channel": "ops"});
+    json!({"delivery_id": row["id"], "expected": expected})
+}
+
 /// Agents woken together claim together: the call writer makes a batch's
 /// claims by name in one statement. Each row is claimed once, by its
 /// agent, with a token of its own that its finish is accepted with; a
 /// caller's second claim of its row at once, and a claim of another
 /// agent's row, are answered as on their own.
 async fn claims_at_once_take_each_row_once(backend: Backend) {
-    // One call writer: every claim goes to one queue, and its batches.
-    let relay = Relay::start_opts(
-        &backend,
-        RelayOptions {
-            config_toml: format!("{FAST}[writer]\ncall_writers = 1\n"),
-            ..Default::default()
-        },
-    );
     let n = 12;
-    let mut fx = Fixture::new(&relay, "ops", n).await;
-    let all: Vec<String> = (0..n).map(|i| fx.mention(i)).collect();
-    fx.define("w", &on_message(&format!("{} go", all.join(" "))))
-        .await;
+    let (relay, mut fx) = all_asked(&backend, n, None).await;
     let mut rounds = 0;
     while !relay.log().contains("claims made in one statement") {
         rounds += 1;
@@ -610,16 +634,7 @@ async fn claims_at_once_take_each_row_once(backend: Backend) {
             (r.len() == n).then_some(r)
         })
         .await;
-        let row_of = |agent: &Keys| {
-            let row = rows
-                .iter()
-                .find(|r| r["target_pubkey"] == hex(agent))
-                .expect("a row each");
-            let expected = json!({"run_id": row["run_id"], "step_id": "notify",
-                "definition_event_id": row["definition_event_id"], "message_event_id": msg.id.to_hex(),
-                "channel": "ops"});
-            json!({"delivery_id": row["id"], "expected": expected})
-        };
+        let row_of = |agent: &Keys| as_woken(&rows, agent, &msg);
         // Every agent its own; agent 0 twice; agent 1 agent 2's row too.
         let mut asks: Vec<(usize, Value)> = (0..n).map(|i| (i, row_of(&fx.agents[i]))).collect();
         asks.push((0, row_of(&fx.agents[0])));
@@ -657,6 +672,37 @@ async fn claims_at_once_take_each_row_once(backend: Backend) {
             "{row}"
         );
     }
+}
+
+/// A workflow's cap holds when its agents claim at once by name: the
+/// batch's one statement leaves a capped workflow's rows to each claim on
+/// its own, which counts the rows claimed before it.
+async fn claims_at_once_keep_a_workflows_cap(backend: Backend) {
+    let n = 8;
+    let (relay, mut fx) = all_asked(&backend, n, Some(2)).await;
+    let trigger = fx.post("go").await;
+    let msg = message_for(&mut fx.owner_client, "ops", &trigger).await;
+    let rows = eventually(|| async {
+        let r = deliveries(&relay);
+        (r.len() == n).then_some(r)
+    })
+    .await;
+    let asks = fx
+        .agents
+        .iter()
+        .map(|agent| claim(&relay, agent, as_woken(&rows, agent, &msg)));
+    let answers = futures_util::future::join_all(asks).await;
+    let mut claimed = 0;
+    for (status, v) in &answers {
+        assert_eq!(*status, 200, "{v}");
+        claimed += usize::from(!v["delivery"].is_null());
+    }
+    assert_eq!(claimed, 2, "the workflow's cap: {answers:?}");
+    let held = deliveries(&relay)
+        .into_iter()
+        .filter(|r| r["status"] == "claimed")
+        .count();
+    assert_eq!(held, 2);
 }
 
 /// Every page of a listing (`key` its items), following `next_before`
