@@ -32,6 +32,10 @@ use crate::persistence::db::{Conn, Dialect, Pool, Tx, Q};
 use crate::persistence::StoreError;
 use crate::refusal::{Answer, CallError, Refusal};
 
+mod together;
+use together::claim_together;
+pub(crate) use together::ClaimsTogether;
+
 /// A NIP-98 auth event that a delivery call spends: recorded as used in the
 /// call's own transaction, before the call and outside its savepoint, so the
 /// record stands even when the call is refused. An event already recorded
@@ -103,16 +107,6 @@ pub(crate) trait WriteCall: Send + Sync + 'static {
     fn announced(_reply: &Self::Reply) -> Vec<&str> {
         Vec::new()
     }
-}
-
-/// A call whose claim by name its batch may make with other callers' in
-/// one statement (`delivery::claim::claim_together`), before the calls run.
-pub(crate) trait ClaimsTogether<R> {
-    /// The claim, if it names its row as a wake said.
-    fn named_claim(&self) -> Option<NamedClaim<'_>>;
-
-    /// The call's answer when its batch's statement claimed `turn` for it.
-    fn claimed(&self, turn: Turn) -> Answer<R>;
 }
 
 /// A queued call, its answer once it ran, and where the answer goes.
@@ -636,50 +630,6 @@ async fn run_batch(
         return Ran::Done { healthy: false };
     }
     Ran::Done { healthy: true }
-}
-
-/// Makes the claims by name of `batch` in one statement
-/// (`delivery::claim::claim_together`): those whose auth event was fresh,
-/// each of a caller with no other call in the batch (a caller's calls run
-/// in order: its finish before its next claim, which then has room under
-/// its agent's cap). Returns what each job's claim took, in batch order.
-/// The claims are made before the batch's other calls run: they were all
-/// queued at once, so either order is one they could have had.
-async fn claim_together(
-    tx: &mut Tx<'_>,
-    cfg: &DeliveryConfig,
-    batch: &[Box<dyn Queued>],
-    spent: &[Option<bool>],
-) -> Result<Vec<Option<Turn>>, StoreError> {
-    let mut calls_of: std::collections::HashMap<[u8; 32], usize> = std::collections::HashMap::new();
-    for pk in batch.iter().filter_map(|j| j.caller()) {
-        *calls_of.entry(pk.to_bytes()).or_default() += 1;
-    }
-    let mut picked = Vec::new();
-    let mut claims = Vec::new();
-    for (i, (job, fresh)) in batch.iter().zip(spent).enumerate() {
-        let alone = job
-            .caller()
-            .is_some_and(|pk| calls_of.get(&pk.to_bytes()) == Some(&1));
-        if *fresh == Some(false) || !alone {
-            continue;
-        }
-        if let Some(claim) = job.named_claim() {
-            picked.push(i);
-            claims.push(claim);
-        }
-    }
-    let mut together: Vec<Option<Turn>> = batch.iter().map(|_| None).collect();
-    if claims.len() < 2 {
-        // One claim is made by its call, as it would be on its own.
-        return Ok(together);
-    }
-    let now = tx.now().await?;
-    let claimed = crate::delivery::claim::claim_together(tx, &claims, cfg, now).await?;
-    for (i, turn) in picked.into_iter().zip(claimed) {
-        together[i] = turn;
-    }
-    Ok(together)
 }
 
 /// Runs one call in `tx`. Calls that may refuse after a first write get a
