@@ -17,6 +17,7 @@ use tests::{backend_tests, event, event_at, now, Backend, Client, Relay, RelayOp
 
 backend_tests!(
     search_is_ranked_and_obeys_the_read_rules,
+    search_finds_each_event_of_a_batch,
     gift_wraps_reach_only_their_recipient,
     relay_lists_are_stored_and_listed,
     negentropy_reconciles_without_downloading,
@@ -138,6 +139,88 @@ async fn search_is_ranked_and_obeys_the_read_rules(backend: Backend) {
 
     let info = relay_info(&relay).await;
     assert!(nips(&info).contains(&50), "{info}");
+}
+
+/// Events sent without waiting for their OKs are stored in batches (a few
+/// statements for many events, the words of all of them in one): each
+/// event's own word finds that event and only it, and a word they share
+/// finds them all.
+async fn search_finds_each_event_of_a_batch(backend: Backend) {
+    let options = RelayOptions {
+        config_toml: "metrics_listen = \"127.0.0.1:0\"\n".into(),
+        ..RelayOptions::default()
+    };
+    let relay = Relay::start_opts(&backend, options);
+    let mut c = Client::connect(&relay.ws_url()).await;
+    let k = Keys::generate();
+    let mut sent = Vec::new();
+    for round in 0..4 {
+        let events: Vec<Event> = (0..64)
+            .map(|i| {
+                event(
+                    &k,
+                    1,
+                    &format!("pipelined {} words", letters(round * 64 + i)),
+                    &[],
+                )
+            })
+            .collect();
+        for e in &events {
+            c.send(json!(["EVENT", e])).await;
+        }
+        for e in &events {
+            let (ok, why) = c.wait_ok(&e.id.to_hex()).await;
+            assert!(ok, "{why}");
+        }
+        sent.extend(events);
+        if batches_held_two(&relay).await {
+            break;
+        }
+    }
+    assert!(batches_held_two(&relay).await, "no write batch held two events");
+    for e in sent.iter().step_by(5) {
+        let word = e.content.split(' ').nth(1).expect("a word of its own");
+        let got = c.req("own", vec![f(Filter::new().search(word))]).await.events();
+        assert_eq!(ids(&got), one(e), "{word}");
+    }
+    let all = Filter::new().search("pipelined").limit(sent.len());
+    let got: HashSet<String> = ids(&c.req("all", vec![f(all)]).await.events())
+        .into_iter()
+        .collect();
+    assert_eq!(got, ids(&sent).into_iter().collect::<HashSet<_>>());
+}
+
+/// A word of letters only for `n` (`zq` and base 26): one token for both
+/// backends' word splitting.
+fn letters(mut n: usize) -> String {
+    let mut word = String::from("zq");
+    loop {
+        word.push((b'a' + (n % 26) as u8) as char);
+        n /= 26;
+        if n == 0 {
+            return word;
+        }
+    }
+}
+
+/// Whether the event writer has written a batch of two events or more
+/// (its batch-size histogram counts more batches than those of one).
+async fn batches_held_two(relay: &Relay) -> bool {
+    let count = |lines: Vec<String>| -> f64 {
+        lines
+            .first()
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    let all = count(relay.metric_lines("relay_write_batch_events_count").await);
+    let ones = relay
+        .metric_lines("relay_write_batch_events_bucket")
+        .await
+        .into_iter()
+        .filter(|l| l.contains("le=\"1\""))
+        .collect();
+    all > count(ones)
 }
 
 async fn relay_info(relay: &Relay) -> Value {

@@ -272,13 +272,19 @@ async fn runs_written_before_reruns_survive_the_migration(backend: Backend) {
 /// The latest migration of each backend, run backwards, and its version.
 /// A new migration must come with its own here (the test checks the
 /// version is the store's latest).
-/// The latest migration's revert (the same on both backends).
+/// PostgreSQL's latest migration's revert.
 const DROP_CONVERSATIONS: &str = "DROP INDEX deliveries_conversation;\n\
      ALTER TABLE workflow_agent_deliveries DROP COLUMN conversation;\n";
 
+/// SQLite's latest migration's revert (0023 drops the trigger that put an
+/// event's words into the search index; the writer's statements do now).
+const SEARCH_INSERT_TRIGGER: &str = "CREATE TRIGGER events_search_insert AFTER INSERT ON events \
+     BEGIN INSERT INTO event_search (rowid, content) \
+     VALUES (new.seq, json_extract(new.raw, '$.content')); END;\n";
+
 fn back_before_latest(backend: &Backend) -> (String, u32) {
     let (down, version) = match backend {
-        Backend::Sqlite => (DROP_CONVERSATIONS, 22),
+        Backend::Sqlite => (SEARCH_INSERT_TRIGGER, 23),
         Backend::Postgres(_) => (DROP_CONVERSATIONS, 21),
     };
     let sql = format!("{down}DELETE FROM _sqlx_migrations WHERE version = {version};");
@@ -480,5 +486,7 @@ async fn every_table_survives_the_latest_migration(backend: Backend) {
     assert_eq!(added, "workflow", "the rows are a workflow's");
     if matches!(backend, Backend::Sqlite) {
         assert_eq!(relay.store.sql("PRAGMA integrity_check"), "ok");
+        let trigger = "SELECT count(*) FROM sqlite_master WHERE name = 'events_search_insert'";
+        assert_eq!(relay.store.sql(trigger), "0", "0023 drops the insert trigger");
     }
 }

@@ -230,6 +230,9 @@ async fn finish_insert(
         let rows: Vec<TagRow<'_>> = TagRow::of(event, seq, &tags).collect();
         insert_tags(tx, community, &rows).await?;
     }
+    if let Some(seq) = seq {
+        index_words(tx, &[(seq, event.content.as_str())]).await?;
+    }
 
     let mut deleted = Deleted::default();
     if event.kind.as_u16() == protocol::kinds::DELETION {
@@ -422,6 +425,31 @@ impl<'a> TagRow<'a> {
 /// Inserts tag index rows in few statements (at most 500 rows of 6 binds
 /// each, well under both backends' bind limits). SQLite keys them by the
 /// event's seq; PostgreSQL by its id, with the value's hash it indexes.
+/// SQLite: the stored events' words into the full-text index
+/// (`event_search`, NIP-50), each by its `events.seq`. Every statement
+/// that inserts into `events` on SQLite is followed by this one (a trigger
+/// would give those statements a statement journal: migration 0023); the
+/// index's delete trigger removes the words with the event. PostgreSQL
+/// indexes the stored JSON's content itself (an expression index).
+pub(crate) async fn index_words(tx: &mut Tx<'_>, rows: &[(i64, &str)]) -> Result<(), StoreError> {
+    let d = tx.dialect();
+    if d != Dialect::Sqlite {
+        return Ok(());
+    }
+    for chunk in rows.chunks(MAX_WORD_ROWS) {
+        let mut q = Q::new("INSERT INTO event_search (rowid, content) VALUES ");
+        for (k, (seq, content)) in chunk.iter().enumerate() {
+            d.push_values_row(&mut q.sql, k, 2);
+            q = q.bind(*seq).bind(*content);
+        }
+        tx.exec(q).await?;
+    }
+    Ok(())
+}
+
+/// Events in one statement of [`index_words`] (2 binds a row).
+const MAX_WORD_ROWS: usize = 256;
+
 pub(crate) async fn insert_tags(
     tx: &mut Tx<'_>,
     community: &str,

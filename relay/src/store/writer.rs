@@ -10,7 +10,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::events::expiration;
 use crate::events::indexed_tags;
-use crate::events::rules::{author_lock_key, created_at_of, insert_tags, TagRow};
+use crate::events::rules::{author_lock_key, created_at_of, index_words, insert_tags, TagRow};
 use crate::events::InsertOutcome;
 use crate::persistence::db::{Pool, Tx, Q};
 use crate::persistence::sql::{Bind, Dialect};
@@ -293,6 +293,11 @@ async fn insert_plain_run(tx: &mut Tx<'_>, run: &[InsertRequest]) -> Result<Vec<
         rows.extend(TagRow::of(&r.event, seq, pairs));
     }
     insert_tags(tx, community, &rows).await?;
+    let words: Vec<(i64, &str)> = fresh
+        .iter()
+        .filter_map(|r| Some((*seqs.get(&r.event.id.to_bytes())?, r.event.content.as_str())))
+        .collect();
+    index_words(tx, &words).await?;
     Ok(outcomes)
 }
 

@@ -1,0 +1,12 @@
+-- The full-text index's words are inserted by the statements that store
+-- an event (`events::rules::index_words`), no longer by a trigger.
+--
+-- The trigger inserted into a virtual table and called `json_extract`;
+-- either makes SQLite give every statement that fires it a statement
+-- journal (a copy of each page the statement changes, kept in case it
+-- fails halfway), and the writer's multi-row insert of a batch's events
+-- with it: 7 % of the event writer's CPU during ingest, and the JSON of
+-- each event parsed again for its content (docs/performance.md). The
+-- delete trigger stays: every way an event leaves (NIP-09, replacement,
+-- expiry, retention) removes its words with it.
+DROP TRIGGER IF EXISTS events_search_insert;
