@@ -14,7 +14,7 @@ use crate::events::query::value_hash;
 use crate::events::replacement_key;
 use crate::events::InsertOutcome;
 use crate::persistence::db::{Tx, Q};
-use crate::persistence::sql::Dialect;
+use crate::persistence::sql::{pieces, Dialect};
 use crate::persistence::StoreError;
 
 /// What storing an event came to.
@@ -436,7 +436,7 @@ pub(crate) async fn index_words(tx: &mut Tx<'_>, rows: &[(i64, &str)]) -> Result
     if d != Dialect::Sqlite {
         return Ok(());
     }
-    for chunk in rows.chunks(MAX_WORD_ROWS) {
+    for chunk in pieces(rows, MAX_WORD_ROWS) {
         let mut q = Q::new("INSERT INTO event_search (rowid, content) VALUES ");
         for (k, (seq, content)) in chunk.iter().enumerate() {
             d.push_values_row(&mut q.sql, k, 2);
@@ -456,7 +456,8 @@ pub(crate) async fn insert_tags(
     rows: &[TagRow<'_>],
 ) -> Result<(), StoreError> {
     let d = tx.dialect();
-    for chunk in rows.chunks(500) {
+    // 6 binds a row, 3,072 at most: under both backends' bind limits.
+    for chunk in pieces(rows, 512) {
         let mut q = Q::new(match d {
             Dialect::Sqlite => {
                 "INSERT INTO event_tags (event_seq, community_id, event_created_at, event_id, name, value) VALUES "

@@ -13,7 +13,7 @@ use crate::events::indexed_tags;
 use crate::events::rules::{author_lock_key, created_at_of, index_words, insert_tags, TagRow};
 use crate::events::InsertOutcome;
 use crate::persistence::db::{Pool, Tx, Q};
-use crate::persistence::sql::{Bind, Dialect};
+use crate::persistence::sql::{piece_len, Bind, Dialect};
 use crate::persistence::StoreError;
 use crate::store::fair::Fair;
 use crate::workflow::definitions::insert_event;
@@ -195,6 +195,8 @@ async fn write_batch(
             j += 1;
         }
         if j - i >= 2 {
+            // Runs cut to a few lengths: a few statement texts, prepared once.
+            j = i + piece_len(j - i, MAX_BULK);
             outcomes.extend(insert_plain_run(&mut tx, &batch[i..j]).await?);
         } else {
             j = i + 1;
@@ -218,7 +220,7 @@ async fn write_batch(
 }
 
 /// Events in one multi-row run, at most (9 binds a row: well under the
-/// bind limits of both backends).
+/// bind limits of both backends); a power of two ([`piece_len`]).
 const MAX_BULK: usize = 256;
 
 /// A regular event: it replaces nothing and deletes nothing, so its only
