@@ -184,6 +184,18 @@ impl Client {
         assert!(ok, "event rejected: {msg}");
     }
 
+    /// Sends every event without waiting (so that the relay's writer may
+    /// store them in batches), then asserts `OK true` for each.
+    pub async fn publish_all_ok(&mut self, events: &[Event]) {
+        for ev in events {
+            self.send(json!(["EVENT", ev])).await;
+        }
+        for ev in events {
+            let (ok, msg) = self.wait_ok(&ev.id.to_hex()).await;
+            assert!(ok, "event rejected: {msg}");
+        }
+    }
+
     /// Waits for the OK of `id`, skipping other messages.
     pub async fn wait_ok(&mut self, id: &str) -> (bool, String) {
         loop {

@@ -165,13 +165,7 @@ async fn search_finds_each_event_of_a_batch(backend: Backend) {
                 )
             })
             .collect();
-        for e in &events {
-            c.send(json!(["EVENT", e])).await;
-        }
-        for e in &events {
-            let (ok, why) = c.wait_ok(&e.id.to_hex()).await;
-            assert!(ok, "{why}");
-        }
+        c.publish_all_ok(&events).await;
         sent.extend(events);
         if batches_held_two(&relay).await {
             break;

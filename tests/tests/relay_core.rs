@@ -1138,13 +1138,7 @@ async fn tag_rows_follow_their_event(backend: Backend) {
     let burst: Vec<_> = (0..20)
         .map(|i| event_at(&k, 1, &format!("burst {i}"), tags, t + 2))
         .collect();
-    for e in &burst {
-        c.send(json!(["EVENT", e])).await;
-    }
-    for e in &burst {
-        let (ok, msg) = c.wait_ok(&e.id.to_hex()).await;
-        assert!(ok, "{msg}");
-    }
+    c.publish_all_ok(&burst).await;
     for e in [&by_id, &keep, &art, &list_v1].into_iter().chain(&burst) {
         assert_ne!(tag_rows(&e.id), "0", "indexed on arrival: {}", e.content);
     }
