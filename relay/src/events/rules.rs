@@ -422,9 +422,6 @@ impl<'a> TagRow<'a> {
     }
 }
 
-/// Inserts tag index rows in few statements (at most 500 rows of 6 binds
-/// each, well under both backends' bind limits). SQLite keys them by the
-/// event's seq; PostgreSQL by its id, with the value's hash it indexes.
 /// SQLite: the stored events' words into the full-text index
 /// (`event_search`, NIP-50), each by its `events.seq`. Every statement
 /// that inserts into `events` on SQLite is followed by this one (a trigger
@@ -450,13 +447,16 @@ pub(crate) async fn index_words(tx: &mut Tx<'_>, rows: &[(i64, &str)]) -> Result
 /// Events in one statement of [`index_words`] (2 binds a row).
 const MAX_WORD_ROWS: usize = 256;
 
+/// Inserts tag index rows in few statements ([`pieces`] of at most 512
+/// rows of 6 binds each, well under both backends' bind limits). SQLite
+/// keys them by the event's seq; PostgreSQL by its id, with the value's
+/// hash it indexes.
 pub(crate) async fn insert_tags(
     tx: &mut Tx<'_>,
     community: &str,
     rows: &[TagRow<'_>],
 ) -> Result<(), StoreError> {
     let d = tx.dialect();
-    // 6 binds a row, 3,072 at most: under both backends' bind limits.
     for chunk in pieces(rows, 512) {
         let mut q = Q::new(match d {
             Dialect::Sqlite => {
