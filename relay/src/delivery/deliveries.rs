@@ -41,7 +41,7 @@ async fn fenced<'e>(
 }
 
 /// Extends a lease. Its one write is its last statement, after every
-/// refusal (see [`claim`]).
+/// refusal (see [`claim`](super::claim::claim)).
 pub async fn renew(
     tx: &mut Tx<'_>,
     community: &str,
@@ -78,7 +78,7 @@ pub async fn renew(
 }
 
 /// Records an operation of the current attempt (before it is done). Its
-/// one write is its last statement, after every refusal (see [`claim`]).
+/// one write is its last statement, after every refusal (see [`claim`](super::claim::claim)).
 pub async fn record_operation(
     tx: &mut Tx<'_>,
     community: &str,

@@ -25,7 +25,7 @@ pub struct RemoteEvent {
     pub raw: String,
 }
 
-/// A storage failure (never a rule decision; those are [`InsertOutcome::Rejected`]).
+/// A storage failure (never a rule decision; those are `events::InsertOutcome::Rejected`).
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("database error: {0}")]

@@ -1,4 +1,4 @@
-//! [`WorkflowStore`]: the workflow and delivery half of the storage
+//! The workflow and delivery half of [`Store`]'s storage
 //! interface, one transaction per call (PostgreSQL announcements of what a
 //! call stored are sent inside it). The delivery API's writes (claim, renew,
 //! operation, finish) go through the call writer, which commits what is

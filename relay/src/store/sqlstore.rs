@@ -124,7 +124,7 @@ fn stored(rows: Vec<crate::persistence::db::Row>) -> Result<Vec<StoredEvent>, St
 }
 
 /// The storage interface of the relay (events, channels, agents; and through
-/// [`WorkflowStore`] workflows and deliveries).
+/// [`api`](super::api), workflows and deliveries).
 impl Store {
     /// `"sqlite"` or `"postgres"`.
     pub fn backend(&self) -> &'static str {

@@ -402,7 +402,7 @@ struct Lane {
     sabotage: Option<Sabotage>,
     /// A mention lane (`--mentions`): the trials mention the agent.
     mentions: bool,
-    /// Relays of the lane: [A] or [A, B] (B serves the agent).
+    /// Relays of the lane: `[A]` or `[A, B]` (B serves the agent).
     relays: Vec<Relay>,
     agent: AgentProc,
     fx: Fixture,

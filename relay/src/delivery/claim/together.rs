@@ -37,7 +37,7 @@ impl<'a> Together<'a> {
     /// The claim, if it is one [`claim_together`] may make: named, with
     /// its expected bindings, not a mention's (a conversation is looked at
     /// first) and with a lease the relay grants. Any other is left to
-    /// [`claim`], which refuses it or claims it on its own.
+    /// [`claim`](super::claim), which refuses it or claims it on its own.
     fn of(claim: &'a NamedClaim<'a>, cfg: &DeliveryConfig, now: i64) -> Option<Self> {
         let (id, expected) = (claim.req.delivery_id.as_deref()?, claim.req.expected.as_ref()?);
         if expected.step_id == MENTION_STEP {
@@ -119,15 +119,15 @@ static TOGETHER: LazyLock<String> = LazyLock::new(|| {
 /// Makes several callers' claims by name in one statement (a call
 /// writer's batch: a statement each was most of a burst's wait on
 /// PostgreSQL). Each named row that meets the claim rule and is bound as
-/// its wake said is claimed, as [`claim`] would; `None` for any other,
-/// which the caller's own [`claim`] then decides (a refusal, a row of
+/// its wake said is claimed, as [`claim`](super::claim) would; `None` for any other,
+/// which the caller's own [`claim`](super::claim) then decides (a refusal, a row of
 /// another binding, a mention's turn).
 ///
 /// One statement sees the rows as they were before it, so it takes only
 /// what no other claim of it can change: no two claims of one caller (its
 /// agent's cap counts its claimed rows; asserted), and no row of a
 /// workflow with a concurrency cap (its claimed rows are counted: those
-/// are left to [`claim`], one by one). `now`: the database clock.
+/// are left to [`claim`](super::claim), one by one). `now`: the database clock.
 pub async fn claim_together(
     tx: &mut Tx<'_>,
     claims: &[NamedClaim<'_>],
