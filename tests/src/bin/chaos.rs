@@ -1018,20 +1018,30 @@ async fn failed_origins(lane: &Lane, tag: &str, expected: usize) -> Vec<String> 
 
 /// Once the trial's one-step runs failed, fixes the server and asks (as
 /// the owner, NIP-86 `rerunrun`) to rerun each; stops at the first
-/// request that gets no answer (the relay died in it).
+/// request that gets no answer (the relay died in it). An answer of 500
+/// or more (the database between two primaries, `--pg-failover`) is
+/// asked again, up to 30 s: `rerunrun` is idempotent, and a rerun never
+/// asked would leave the trial's kill point unreached.
 async fn ask_reruns(lane: &Lane, tag: &str, expected: usize) {
     let origins = failed_origins(lane, tag, expected).await;
     let fixed = Answer::json(200, serde_json::json!({"ok": true}));
     lane.hooks.answer("/once", fixed);
+    let deadline = Instant::now() + Duration::from_secs(30);
     for id in origins {
-        let asked = tests::workflow::try_rpc(
-            &lane.relays[0],
-            &lane.fx.owner,
-            "rerunrun",
-            serde_json::json!([id]),
-        );
-        if asked.await.is_none() {
-            break;
+        loop {
+            let asked = tests::workflow::try_rpc(
+                &lane.relays[0],
+                &lane.fx.owner,
+                "rerunrun",
+                serde_json::json!([id]),
+            );
+            match asked.await {
+                None => return,
+                Some((status, _)) if status >= 500 && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+                Some(_) => break,
+            }
         }
     }
 }
