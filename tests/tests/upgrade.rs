@@ -269,22 +269,24 @@ async fn runs_written_before_reruns_survive_the_migration(backend: Backend) {
     assert_eq!(origin["rerun_by"], json!(rerun));
 }
 
-/// The latest migration of each backend, run backwards, and its version.
-/// A new migration must come with its own here (the test checks the
-/// version is the store's latest).
 /// PostgreSQL's latest migration's revert.
 const DROP_CONVERSATIONS: &str = "DROP INDEX deliveries_conversation;\n\
      ALTER TABLE workflow_agent_deliveries DROP COLUMN conversation;\n";
 
-/// SQLite's latest migration's revert (0023 drops the trigger that put an
-/// event's words into the search index; the writer's statements do now).
-const SEARCH_INSERT_TRIGGER: &str = "CREATE TRIGGER events_search_insert AFTER INSERT ON events \
-     BEGIN INSERT INTO event_search (rowid, content) \
-     VALUES (new.seq, json_extract(new.raw, '$.content')); END;\n";
+/// SQLite's latest migration's revert (0024 took the id out of the
+/// time-ordered indexes).
+const WIDE_TIME_INDEXES: &str = "DROP INDEX events_by_time;\nDROP INDEX events_by_author;\n\
+     DROP INDEX events_by_kind;\n\
+     CREATE INDEX events_by_time ON events (community_id, created_at DESC, id);\n\
+     CREATE INDEX events_by_author ON events (community_id, pubkey, created_at DESC, id);\n\
+     CREATE INDEX events_by_kind ON events (community_id, kind, created_at DESC, id);\n";
 
+/// The latest migration of each backend, run backwards, and its version.
+/// A new migration must come with its own here (the test checks the
+/// version is the store's latest).
 fn back_before_latest(backend: &Backend) -> (String, u32) {
     let (down, version) = match backend {
-        Backend::Sqlite => (SEARCH_INSERT_TRIGGER, 23),
+        Backend::Sqlite => (WIDE_TIME_INDEXES, 24),
         Backend::Postgres(_) => (DROP_CONVERSATIONS, 21),
     };
     let sql = format!("{down}DELETE FROM _sqlx_migrations WHERE version = {version};");

@@ -13,6 +13,7 @@ use std::fmt::Write;
 use nostr::prelude::{Filter, SingleLetterTag};
 
 use crate::events::ReadScope;
+use crate::persistence::page::Ties;
 use crate::persistence::sql::{Bind, Dialect, Q};
 
 /// A filter's statement under construction (a [`Q`] and what decides
@@ -277,6 +278,19 @@ fn push_after(sql: &mut Sql, after: Option<After>, at: &str, id: &str) {
     sql.push(")");
 }
 
+/// A REQ's statement, and how the rows it returns are put in REQ order.
+#[derive(Debug, Clone)]
+pub struct Select {
+    pub q: Q,
+    /// `Some` when the statement orders by `created_at` alone: the page
+    /// orders each second's events by id (`persistence::page`).
+    pub ties: Option<Ties>,
+}
+
+/// The columns of a REQ's statement, and their order: a page sorts each
+/// run of rows of one `created_at` by `id`.
+const TIES_BY_ID: Ties = Ties { by: 1, then: 2 };
+
 /// One filter's events, newest first (ties by lowest id), at most `limit`,
 /// from just after `after` when it is given (a REQ's later pages). A
 /// filter with a NIP-50 `search` is ranked instead (best match first, then
@@ -288,16 +302,17 @@ pub fn select_events(
     limit: usize,
     position: Position,
     scope: &ReadScope,
-) -> Q {
+) -> Select {
     let Position { after, offset } = position;
     let mut sql = Sql::new(dialect);
     sql.plan_values_for(f);
+    if let Some(query) = search_of(f) {
+        let q = select_search(sql, community, f, &query, limit, offset, scope);
+        return Select { q, ties: None };
+    }
     // A filter on one value of one tag (`#p: [me]`, `#h: [channel]`) is
     // served newest-first straight from the tag index, which is ordered by
     // (value, created_at, id): the top `limit` rows without a sort.
-    if let Some(query) = search_of(f) {
-        return select_search(sql, community, f, &query, limit, offset, scope);
-    }
     let driver = if f.ids.as_ref().is_none_or(|s| s.is_empty()) {
         f.generic_tags.iter().find(|(_, values)| values.len() == 1)
     } else {
@@ -339,6 +354,18 @@ pub fn select_events(
         sql.bind(Bind::Text(community.to_string()));
         push_filter(&mut sql, community, f, scope, None, false);
         push_after(&mut sql, after, "e.created_at", "e.id");
+        if dialect == Dialect::Sqlite {
+            // SQLite's time-ordered indexes end at `created_at` (migration
+            // 0024): ordered by `id` too, it would copy every row into a
+            // sorter for each second. The page orders ties instead, and
+            // needs no `LIMIT`: it stops reading once the page is full and
+            // the second at its end is read.
+            sql.push(" ORDER BY e.created_at DESC");
+            return Select {
+                q: sql.into_q(),
+                ties: Some(TIES_BY_ID),
+            };
+        }
         sql.push(" ORDER BY e.created_at DESC, e.id ASC LIMIT ");
     }
     // The limit is written into the statement, not bound: PostgreSQL plans
@@ -349,7 +376,10 @@ pub fn select_events(
     // With the number in the text the cached plan is costed for the rows a
     // REQ really takes. A `usize` the relay clamped: nothing a client wrote.
     write!(sql.q.sql, "{limit}").expect("writing to a String cannot fail");
-    sql.into_q()
+    Select {
+        q: sql.into_q(),
+        ties: None,
+    }
 }
 
 /// Where a filter's next page starts: after an event in REQ order (plain
@@ -524,10 +554,10 @@ mod tests {
         }
         let pk = Keys::generate().public_key();
         let f = Filter::new().author(pk).since(1.into());
-        let sqlite = select_events(Dialect::Sqlite, "c", &f, 50, Position::default(), &scope());
+        let sqlite = select_events(Dialect::Sqlite, "c", &f, 50, Position::default(), &scope()).q;
         assert!(!sqlite.sql.contains('$'), "{}", sqlite.sql);
         assert_eq!(sqlite.sql.matches('?').count(), sqlite.binds.len());
-        let pg = select_events(Dialect::Postgres, "c", &f, 50, Position::default(), &scope());
+        let pg = select_events(Dialect::Postgres, "c", &f, 50, Position::default(), &scope()).q;
         let last = format!("${}", pg.binds.len());
         assert!(pg.sql.contains(&last) && !pg.sql.contains('?'), "{}", pg.sql);
     }
@@ -546,7 +576,7 @@ mod tests {
                 .kinds([Kind::from_u16(1), Kind::from_u16(7)]),
         ] {
             assert!(!plan_depends_on_values(&f), "{f:?}");
-            let s = select_events(Dialect::Postgres, "c", &f, 50, Position::default(), &scope());
+            let s = select_events(Dialect::Postgres, "c", &f, 50, Position::default(), &scope()).q;
             assert!(!s.sql.contains("::bytea"), "values bound, not written: {}", s.sql);
         }
     }
@@ -568,7 +598,8 @@ mod tests {
             50,
             Position::default(),
             &scope(),
-        );
+        )
+        .q;
         assert!(s.sql.contains("e.kind IN (30023,30024)"), "{}", s.sql);
         let s = select_events(
             Dialect::Postgres,
@@ -577,7 +608,8 @@ mod tests {
             50,
             Position::default(),
             &scope(),
-        );
+        )
+        .q;
         let author = format!("e.pubkey IN ('\\x{}'::bytea)", pk.to_hex());
         assert!(
             s.sql.contains(&author) && s.sql.contains("e.kind IN (0)"),
@@ -591,7 +623,8 @@ mod tests {
             50,
             Position::default(),
             &scope(),
-        );
+        )
+        .q;
         let hash = format!(
             "t.value_hash = '\\x{}'::bytea",
             hex::encode(value_hash(&pk.to_hex()))
@@ -609,7 +642,8 @@ mod tests {
             50,
             Position::default(),
             &scope(),
-        );
+        )
+        .q;
         assert!(
             !s.sql.contains("::bytea") && !s.sql.contains("IN (0)"),
             "{}",

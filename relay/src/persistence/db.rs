@@ -11,6 +11,7 @@ use sqlx::postgres::{PgArguments, PgPool, PgRow};
 use sqlx::sqlite::{SqliteArguments, SqlitePool, SqliteRow};
 use sqlx::{Arguments, Database, Decode, Encode, Postgres, Sqlite, Transaction, Type, ValueRef};
 
+use crate::persistence::page::{Bounds, Collector, Wants};
 pub use crate::persistence::row::{named, Col, Names, Row, Val};
 pub use crate::persistence::sql::{Bind, Dialect, Q};
 use crate::persistence::standbys::{Replica, Standbys};
@@ -106,31 +107,20 @@ impl Conn {
 async fn take_page<R>(
     mut stream: impl futures_util::Stream<Item = Result<R, sqlx::Error>> + Unpin,
     convert: fn(&R, &mut Option<Names>) -> Result<Row, StoreError>,
-    rows: usize,
-    max_bytes: usize,
+    bounds: Bounds,
 ) -> Result<(Vec<Row>, bool), StoreError> {
     use futures_util::TryStreamExt;
-    let mut out = Vec::new();
-    let mut bytes = 0usize;
+    let mut page = Collector::new(bounds);
     let mut names = None;
-    loop {
-        let Some(r) = stream.try_next().await? else {
-            return Ok((out, true));
-        };
-        if out.len() == rows {
-            // One row past the page: there are more. (Asking for it also
-            // reads the statement's end when there are none, so a page of
-            // exactly `rows` leaves its connection clean.)
-            return Ok((out, false));
+    // One row past the page says there are more. (Asking for it also reads
+    // the statement's end when there are none, so a page of exactly
+    // `rows` leaves its connection clean.)
+    while let Some(r) = stream.try_next().await? {
+        if page.is_full() || page.offer(convert(&r, &mut names)?)? == Wants::Nothing {
+            return Ok(page.finish(false));
         }
-        let row = convert(&r, &mut names)?;
-        let len = row.first_text_len();
-        if !out.is_empty() && bytes + len > max_bytes {
-            return Ok((out, false));
-        }
-        bytes += len;
-        out.push(row);
     }
+    Ok(page.finish(true))
 }
 
 /// The arguments of a statement; `array` binds the array variants, which
@@ -518,7 +508,7 @@ impl Pool {
     /// the hand-over and not SQLite (measured in the delivery benchmark).
     pub async fn all(&self, q: Q) -> Result<Vec<Row>, StoreError> {
         match self {
-            Pool::Sqlite { readers, .. } => Ok(readers.page(q, usize::MAX, usize::MAX).await?.0),
+            Pool::Sqlite { readers, .. } => Ok(readers.page(q, Bounds::ALL).await?.0),
             Pool::Postgres { main, .. } => Self::pg_all(main, q).await,
         }
     }
@@ -529,7 +519,7 @@ impl Pool {
     /// readers on SQLite.
     pub async fn query_all(&self, q: Q, from: Option<Replica>) -> Result<Vec<Row>, StoreError> {
         match self {
-            Pool::Sqlite { readers, .. } => Ok(readers.page(q, usize::MAX, usize::MAX).await?.0),
+            Pool::Sqlite { readers, .. } => Ok(readers.page(q, Bounds::ALL).await?.0),
             Pool::Postgres {
                 queries, standbys, ..
             } => {
@@ -540,8 +530,8 @@ impl Pool {
     }
 
     /// A REQ page: rows of `q` (whose first column is the event's JSON) in
-    /// order, at most `rows`, and only while their JSON fits in `max_bytes`
-    /// (at least one row, whatever its size). The rows are read as a
+    /// order, within `bounds` (the JSON of at least one row, whatever its
+    /// size; runs of equal values ordered by [`Bounds::ties`]). The rows are read as a
     /// stream and the statement is dropped when the page is full, so a
     /// page never holds more than that in memory, whatever the statement's
     /// `LIMIT`. On PostgreSQL, read on the standby `from` when one is
@@ -550,16 +540,15 @@ impl Pool {
     pub async fn query_page(
         &self,
         q: Q,
-        rows: usize,
-        max_bytes: usize,
+        bounds: Bounds,
         from: Option<Replica>,
     ) -> Result<(Vec<Row>, bool), StoreError> {
         let page = |pool: &PgPool, q: Q| -> Result<_, StoreError> {
             let stream = sqlx::query_with(sqlx::AssertSqlSafe(q.sql), pg_args(q.binds)?).fetch(pool);
-            Ok(take_page(stream, pg_row, rows, max_bytes))
+            Ok(take_page(stream, pg_row, bounds))
         };
         match self {
-            Pool::Sqlite { readers, .. } => readers.page(q, rows, max_bytes).await,
+            Pool::Sqlite { readers, .. } => readers.page(q, bounds).await,
             Pool::Postgres {
                 queries, standbys, ..
             } => {

@@ -25,6 +25,7 @@ use rusqlite::{Connection, OpenFlags, Statement};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use crate::config::SqliteConfig;
+use crate::persistence::page::{Bounds, Collector, Wants};
 use crate::persistence::row::{Names, Row, Val};
 use crate::persistence::sql::{Bind, Q};
 use crate::persistence::StoreError;
@@ -105,35 +106,21 @@ pub(crate) fn neutral(r: &rusqlite::Row<'_>, names: &Names) -> Result<Row, Store
     Ok(Row::of(names.clone(), vals))
 }
 
-/// The rows of `q` on `conn` in order, at most `rows`, and only while
-/// their first column's text fits in `max_bytes` (at least one row); also
-/// whether the statement had no more rows. One row past the page is read
-/// to tell. A statement that writes runs to its end either way: SQLite
+/// The rows of `q` on `conn` in order within `bounds`; also whether the
+/// statement had no more rows. One row past the page is read to tell. A statement that writes runs to its end either way: SQLite
 /// completes a `RETURNING` statement's changes at its first step.
-pub(crate) fn page(
-    conn: &Connection,
-    q: &Q,
-    rows: usize,
-    max_bytes: usize,
-) -> Result<(Vec<Row>, bool), StoreError> {
+pub(crate) fn page(conn: &Connection, q: &Q, bounds: Bounds) -> Result<(Vec<Row>, bool), StoreError> {
     let mut stmt = conn.prepare_cached(&q.sql).map_err(error)?;
     bind_all(&mut stmt, &q.binds)?;
     let names = names_of(&stmt);
     let mut cursor = stmt.raw_query();
-    let (mut out, mut bytes) = (Vec::new(), 0usize);
+    let mut page = Collector::new(bounds);
     while let Some(r) = cursor.next().map_err(error)? {
-        if out.len() == rows {
-            return Ok((out, false));
+        if page.is_full() || page.offer(neutral(r, &names)?)? == Wants::Nothing {
+            return Ok(page.finish(false));
         }
-        let row = neutral(r, &names)?;
-        let len = row.first_text_len();
-        if !out.is_empty() && bytes + len > max_bytes {
-            return Ok((out, false));
-        }
-        bytes += len;
-        out.push(row);
     }
-    Ok((out, true))
+    Ok(page.finish(true))
 }
 
 /// Runs `q` to its end; the rows it changed.
@@ -273,11 +260,14 @@ impl WriteTx<'_> {
     }
 
     pub fn one(&mut self, q: &Q) -> Result<Option<Row>, StoreError> {
-        Ok(page(self.guard.conn(), q, 1, usize::MAX)?.0.into_iter().next())
+        Ok(page(self.guard.conn(), q, Bounds::first_rows(1))?
+            .0
+            .into_iter()
+            .next())
     }
 
     pub fn all(&mut self, q: &Q) -> Result<Vec<Row>, StoreError> {
-        Ok(page(self.guard.conn(), q, usize::MAX, usize::MAX)?.0)
+        Ok(page(self.guard.conn(), q, Bounds::ALL)?.0)
     }
 
     pub fn commit(mut self) -> Result<(), StoreError> {

@@ -9,6 +9,7 @@
 pub mod db;
 pub mod hosts;
 pub(crate) mod lite;
+pub mod page;
 pub mod pinned;
 pub mod postgres;
 pub mod primary;

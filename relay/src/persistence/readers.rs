@@ -22,6 +22,7 @@ use tokio::sync::oneshot;
 
 use crate::config::SqliteConfig;
 use crate::persistence::lite;
+use crate::persistence::page::Bounds;
 use crate::persistence::row::Row;
 use crate::persistence::sql::Q;
 use crate::persistence::StoreError;
@@ -37,8 +38,7 @@ const STATEMENTS_PER_READER: usize = 256;
 /// A page asked of a reader thread.
 struct Job {
     q: Q,
-    rows: usize,
-    max_bytes: usize,
+    bounds: Bounds,
     reply: oneshot::Sender<Result<(Vec<Row>, bool), StoreError>>,
 }
 
@@ -65,18 +65,12 @@ impl Readers {
         Ok(Self { jobs })
     }
 
-    /// The rows of `q` in order, at most `rows`, and only while their first
-    /// column (the event's JSON) fits in `max_bytes` (at least one row);
-    /// also whether the statement had no more rows. The contract of
+    /// The rows of `q` in order within `bounds`; also whether the
+    /// statement had no more rows. The contract of
     /// [`super::db::Pool::query_page`] (read by [`lite::page`]).
-    pub async fn page(&self, q: Q, rows: usize, max_bytes: usize) -> Result<(Vec<Row>, bool), StoreError> {
+    pub async fn page(&self, q: Q, bounds: Bounds) -> Result<(Vec<Row>, bool), StoreError> {
         let (reply, answer) = oneshot::channel();
-        let job = Job {
-            q,
-            rows,
-            max_bytes,
-            reply,
-        };
+        let job = Job { q, bounds, reply };
         self.jobs
             .send_async(job)
             .await
@@ -87,7 +81,7 @@ impl Readers {
 
 fn serve(conn: Connection, queue: flume::Receiver<Job>) {
     while let Ok(job) = queue.recv() {
-        let page = lite::page(&conn, &job.q, job.rows, job.max_bytes);
+        let page = lite::page(&conn, &job.q, job.bounds);
         // The REQ may have ended meanwhile (its connection closed): nobody
         // waits for the page then.
         let _ = job.reply.send(page);

@@ -79,6 +79,16 @@ impl Row {
         }
     }
 
+    /// Column `i`'s bytes when it is a blob or text, else `None` (an
+    /// order over rows, without copying them).
+    pub(crate) fn bytes_ref(&self, i: usize) -> Option<&[u8]> {
+        match self.vals.get(i)? {
+            Val::Blob(b) => Some(b),
+            Val::Text(t) => Some(t.as_bytes()),
+            _ => None,
+        }
+    }
+
     pub fn int(&self, c: impl Col) -> Result<i64, StoreError> {
         self.opt_int(c)?
             .ok_or_else(|| StoreError::Corrupt(format!("column {c} is null")))

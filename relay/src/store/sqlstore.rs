@@ -25,6 +25,7 @@ use crate::events::PageRows;
 use crate::events::ReadScope;
 use crate::events::StoredEvent;
 use crate::persistence::db::{Pool, Tx, Q};
+use crate::persistence::page::Bounds as PageBounds;
 use crate::persistence::sql::Dialect;
 use crate::persistence::RemoteEvent;
 use crate::persistence::StoreError;
@@ -357,7 +358,7 @@ impl Store {
                 end: true,
             });
         }
-        let q = sql::select_events(
+        let select = sql::select_events(
             self.dialect(),
             community,
             filter,
@@ -365,10 +366,12 @@ impl Store {
             page.position,
             scope,
         );
-        let (rows, end) = self
-            .pool
-            .query_page(q, page.rows, page.max_bytes, scope.from)
-            .await?;
+        let bounds = PageBounds {
+            rows: page.rows,
+            bytes: page.max_bytes,
+            ties: select.ties,
+        };
+        let (rows, end) = self.pool.query_page(select.q, bounds, scope.from).await?;
         Ok(PageRows {
             events: stored(rows)?,
             end,
