@@ -312,62 +312,45 @@ pub fn select_events(
     }
     // A filter on one value of one tag (`#p: [me]`, `#h: [channel]`) is
     // served newest-first straight from the tag index, which is ordered by
-    // (value, created_at, id): the top `limit` rows without a sort.
+    // (value, created_at): the top `limit` rows without a sort.
     let driver = if f.ids.as_ref().is_none_or(|s| s.is_empty()) {
         f.generic_tags.iter().find(|(_, values)| values.len() == 1)
     } else {
         None
     };
-    if let Some((letter, values)) = driver {
-        let value = values.iter().next().cloned().unwrap_or_default();
-        sql.push(match dialect {
-            Dialect::Sqlite => {
-                "SELECT e.raw, e.created_at, e.id FROM event_tags t JOIN events e \
-                 ON e.seq = t.event_seq WHERE t.community_id = "
+    // The columns the REQ's order is read from: the tag row's copy of the
+    // time when a tag drives, and the event's id (SQLite) or the tag row's
+    // copy of it (PostgreSQL, whose tag index ends with it).
+    let (at, id) = match driver {
+        Some((letter, values)) => {
+            let value = values.iter().next().cloned().unwrap_or_default();
+            push_tag_driven(&mut sql, community, f, scope, *letter, value);
+            match dialect {
+                Dialect::Sqlite => ("t.event_created_at", "e.id"),
+                Dialect::Postgres => ("t.event_created_at", "t.event_id"),
             }
-            // The tag row's copy of `created_at` (written with the event's,
-            // in its transaction) lets each row be looked up in its own time partition
-            // by the primary key, instead of in every partition by id.
-            Dialect::Postgres => {
-                "SELECT e.raw, e.created_at, e.id FROM event_tags t JOIN events e \
-                 ON e.community_id = t.community_id AND e.created_at = t.event_created_at \
-                 AND e.id = t.event_id WHERE t.community_id = "
-            }
-        });
-        sql.bind(Bind::Text(community.to_string()));
-        sql.push(" AND t.name = ");
-        sql.bind(Bind::Text(letter.to_string()));
-        if dialect == Dialect::Postgres {
-            sql.push(" AND t.value_hash = ");
-            sql.plan_value(Bind::Blob(value_hash(&value).to_vec()));
         }
-        sql.push(" AND t.value = ");
-        sql.bind(Bind::Text(value));
-        sql.push(" AND e.community_id = ");
-        sql.bind(Bind::Text(community.to_string()));
-        // The other conditions (this tag's own one is the join's).
-        push_filter(&mut sql, community, f, scope, Some(letter), false);
-        push_after(&mut sql, after, "t.event_created_at", "t.event_id");
-        sql.push(" ORDER BY t.event_created_at DESC, t.event_id ASC LIMIT ");
-    } else {
-        sql.push("SELECT e.raw, e.created_at, e.id FROM events e WHERE e.community_id = ");
-        sql.bind(Bind::Text(community.to_string()));
-        push_filter(&mut sql, community, f, scope, None, false);
-        push_after(&mut sql, after, "e.created_at", "e.id");
-        if dialect == Dialect::Sqlite {
-            // SQLite's time-ordered indexes end at `created_at` (migration
-            // 0024): ordered by `id` too, it would copy every row into a
-            // sorter for each second. The page orders ties instead, and
-            // needs no `LIMIT`: it stops reading once the page is full and
-            // the second at its end is read.
-            sql.push(" ORDER BY e.created_at DESC");
-            return Select {
-                q: sql.into_q(),
-                ties: Some(TIES_BY_ID),
-            };
+        None => {
+            sql.push("SELECT e.raw, e.created_at, e.id FROM events e WHERE e.community_id = ");
+            sql.bind(Bind::Text(community.to_string()));
+            push_filter(&mut sql, community, f, scope, None, false);
+            ("e.created_at", "e.id")
         }
-        sql.push(" ORDER BY e.created_at DESC, e.id ASC LIMIT ");
+    };
+    push_after(&mut sql, after, at, id);
+    if dialect == Dialect::Sqlite && in_index_order(f) {
+        // SQLite's time-ordered indexes end at the time (migrations 0024,
+        // 0025): ordered by the id too, it would copy every row into a
+        // sorter for each second. The page orders ties instead, and needs
+        // no `LIMIT`: it stops reading once the page is full and the
+        // second at its end is read.
+        write!(sql.q.sql, " ORDER BY {at} DESC").expect("writing to a String cannot fail");
+        return Select {
+            q: sql.into_q(),
+            ties: Some(TIES_BY_ID),
+        };
     }
+    write!(sql.q.sql, " ORDER BY {at} DESC, {id} ASC LIMIT ").expect("writing to a String cannot fail");
     // The limit is written into the statement, not bound: PostgreSQL plans
     // a statement with a bound `LIMIT` as if it returned a tenth of the
     // table, finds that cached ("generic") plan dearer than planning each
@@ -380,6 +363,62 @@ pub fn select_events(
         q: sql.into_q(),
         ties: None,
     }
+}
+
+/// Whether every plan SQLite may choose for `f` reads its rows newest
+/// first from one index (time, an author's or a kind's events by time, a
+/// tag value's by time), so that a statement without a `LIMIT` is read
+/// only as far as a page needs: at most one value of authors, of kinds
+/// and of one tag, and no ids. With a list of several values (or ids)
+/// SQLite may read every match and sort them; its sort keeps only the
+/// `LIMIT` best when the statement has one, so those statements keep
+/// theirs and order ties themselves.
+fn in_index_order(f: &Filter) -> bool {
+    f.ids.as_ref().is_none_or(|ids| ids.is_empty())
+        && f.authors.as_ref().is_none_or(|a| a.len() <= 1)
+        && f.kinds.as_ref().is_none_or(|k| k.len() <= 1)
+        && f.generic_tags.len() <= 1
+        && f.generic_tags.values().all(|v| v.len() <= 1)
+}
+
+/// `SELECT raw, created_at, id` of the events with the tag `letter` =
+/// `value` that match the rest of `f`, from the tag index: newest first
+/// without a sort.
+fn push_tag_driven(
+    sql: &mut Sql,
+    community: &str,
+    f: &Filter,
+    scope: &ReadScope,
+    letter: SingleLetterTag,
+    value: String,
+) {
+    sql.push(match sql.dialect {
+        Dialect::Sqlite => {
+            "SELECT e.raw, e.created_at, e.id FROM event_tags t JOIN events e \
+             ON e.seq = t.event_seq WHERE t.community_id = "
+        }
+        // The tag row's copy of `created_at` (written with the event's, in
+        // its transaction) lets each row be looked up in its own time
+        // partition by the primary key, instead of in every partition by id.
+        Dialect::Postgres => {
+            "SELECT e.raw, e.created_at, e.id FROM event_tags t JOIN events e \
+             ON e.community_id = t.community_id AND e.created_at = t.event_created_at \
+             AND e.id = t.event_id WHERE t.community_id = "
+        }
+    });
+    sql.bind(Bind::Text(community.to_string()));
+    sql.push(" AND t.name = ");
+    sql.bind(Bind::Text(letter.to_string()));
+    if sql.dialect == Dialect::Postgres {
+        sql.push(" AND t.value_hash = ");
+        sql.plan_value(Bind::Blob(value_hash(&value).to_vec()));
+    }
+    sql.push(" AND t.value = ");
+    sql.bind(Bind::Text(value));
+    sql.push(" AND e.community_id = ");
+    sql.bind(Bind::Text(community.to_string()));
+    // The other conditions (this tag's own one is the join's).
+    push_filter(sql, community, f, scope, Some(&letter), false);
 }
 
 /// Where a filter's next page starts: after an event in REQ order (plain
@@ -560,6 +599,41 @@ mod tests {
         let pg = select_events(Dialect::Postgres, "c", &f, 50, Position::default(), &scope()).q;
         let last = format!("${}", pg.binds.len());
         assert!(pg.sql.contains(&last) && !pg.sql.contains('?'), "{}", pg.sql);
+    }
+
+    #[test]
+    fn sqlite_orders_ties_in_the_page_only_where_an_index_gives_time_order() {
+        let (a, b) = (Keys::generate().public_key(), Keys::generate().public_key());
+        let p = SingleLetterTag::from_char('p').expect("p");
+        let select = |f: &Filter, d| select_events(d, "c", f, 50, Position::default(), &scope());
+        for f in [
+            Filter::new().author(a),
+            Filter::new().author(a).kind(Kind::from_u16(1)).since(1.into()),
+            Filter::new().custom_tag(p, a.to_hex()).author(b),
+            Filter::new(),
+        ] {
+            let s = select(&f, Dialect::Sqlite);
+            assert_eq!(s.ties, Some(TIES_BY_ID), "{f:?}");
+            assert!(s.q.sql.ends_with("created_at DESC"), "{}", s.q.sql);
+            let pg = select(&f, Dialect::Postgres);
+            assert!(
+                pg.ties.is_none() && pg.q.sql.ends_with("ASC LIMIT 50"),
+                "{}",
+                pg.q.sql
+            );
+        }
+        for f in [
+            Filter::new().authors([a, b]),
+            Filter::new().kinds([Kind::from_u16(1), Kind::from_u16(7)]),
+            Filter::new().id(nostr::prelude::EventId::from_byte_array([0; 32])),
+            Filter::new()
+                .custom_tag(p, a.to_hex())
+                .custom_tag(SingleLetterTag::from_char('t').expect("t"), "x"),
+        ] {
+            let s = select(&f, Dialect::Sqlite);
+            assert!(s.ties.is_none(), "{f:?}");
+            assert!(s.q.sql.ends_with("id ASC LIMIT 50"), "{}", s.q.sql);
+        }
     }
 
     #[test]
