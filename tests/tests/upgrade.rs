@@ -273,20 +273,18 @@ async fn runs_written_before_reruns_survive_the_migration(backend: Backend) {
 const DROP_CONVERSATIONS: &str = "DROP INDEX deliveries_conversation;\n\
      ALTER TABLE workflow_agent_deliveries DROP COLUMN conversation;\n";
 
-/// SQLite's latest migration's revert (0024 took the id out of the
-/// time-ordered indexes).
-const WIDE_TIME_INDEXES: &str = "DROP INDEX events_by_time;\nDROP INDEX events_by_author;\n\
-     DROP INDEX events_by_kind;\n\
-     CREATE INDEX events_by_time ON events (community_id, created_at DESC, id);\n\
-     CREATE INDEX events_by_author ON events (community_id, pubkey, created_at DESC, id);\n\
-     CREATE INDEX events_by_kind ON events (community_id, kind, created_at DESC, id);\n";
+/// SQLite's latest migration's revert (0025 took the event id out of the
+/// tag index).
+const WIDE_TAG_INDEX: &str = "DROP INDEX event_tags_by_value;\n\
+     CREATE INDEX event_tags_by_value ON event_tags \
+     (community_id, name, value, event_created_at DESC, event_id);\n";
 
 /// The latest migration of each backend, run backwards, and its version.
 /// A new migration must come with its own here (the test checks the
 /// version is the store's latest).
 fn back_before_latest(backend: &Backend) -> (String, u32) {
     let (down, version) = match backend {
-        Backend::Sqlite => (WIDE_TIME_INDEXES, 24),
+        Backend::Sqlite => (WIDE_TAG_INDEX, 25),
         Backend::Postgres(_) => (DROP_CONVERSATIONS, 21),
     };
     let sql = format!("{down}DELETE FROM _sqlx_migrations WHERE version = {version};");
