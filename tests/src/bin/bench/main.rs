@@ -30,7 +30,7 @@ use tests::{Backend, Relay, RelayOptions};
 use tokio_tungstenite::tungstenite::Message;
 
 use host::cpu_secs;
-use report::{median, percentile, report, Better, Faults, Measured, Rounds};
+use report::{median, percentile, report, turn_order, Better, Faults, Measured, Rounds};
 
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Relay benchmarks")]
@@ -390,13 +390,14 @@ async fn ingest(targets: &[Target], rounds: usize, quick: bool, window: usize) {
     println!("ingest floor: the id and signature check alone takes {floor_us:.1} µs of CPU an event (Event::verify, one core)");
     for conns in [1usize, 16, 256] {
         let n = if quick { 20_000 } else { 100_000 };
-        // Round by round, every target in turn (A B A B): the machine's
-        // drift over the figure falls on all of them alike.
+        // Round by round, every target in turn, the order alternating
+        // (A B, B A): the machine's drift over the figure, and what one
+        // target's round leaves to the next, fall on all of them alike.
         let mut per_target: Vec<Rounds> = targets.iter().map(|_| Rounds::default()).collect();
         for round in 0..rounds {
-            for (t, r) in targets.iter().zip(&mut per_target) {
-                let s = ingest_round(t, n, conns, window, &keys, round).await;
-                r.push(s.rate, s.cpu_us, s.generator_cores, s.faults);
+            for i in turn_order(round, targets.len()) {
+                let s = ingest_round(&targets[i], n, conns, window, &keys, round).await;
+                per_target[i].push(s.rate, s.cpu_us, s.generator_cores, s.faults);
             }
         }
         let results: Vec<Measured> = per_target.iter().map(Rounds::measured).collect();
@@ -853,12 +854,26 @@ async fn fairness(relay: &Relay, quick: bool) {
 }
 
 /// The measured relay's extra environment (`--relay-env`).
+/// The relay's environment: `--relay-env`, and, unless it sets the log
+/// filter, the log at the level a user runs the relay (`info`, its
+/// default) where the test harness would add the relay's debug lines;
+/// those only with `--relay-log`, which reads them.
 fn relay_env(args: &Args) -> Vec<(String, String)> {
-    args.relay_env
+    let mut env: Vec<(String, String)> = args
+        .relay_env
         .iter()
         .filter_map(|kv| kv.split_once('='))
         .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+        .collect();
+    if !env.iter().any(|(k, _)| k == "RUST_LOG" || k == "RELAY_LOG") {
+        let log = if args.relay_log.is_some() {
+            "info,relay=debug"
+        } else {
+            "info"
+        };
+        env.push(("RELAY_LOG".to_string(), log.to_string()));
+    }
+    env
 }
 
 /// Agents asked by every run of the pipeline figure.

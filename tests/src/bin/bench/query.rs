@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use tests::Relay;
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::report::{percentile, report, Better, Faults, Measured, Rounds};
+use crate::report::{percentile, report, turn_order, Better, Faults, Measured, Rounds};
 use crate::{connect, names, next_json, pump, Meter, Sample, Target, ANSWER_TIMEOUT};
 
 /// Words of the preloaded contents: each event holds two of them, so one
@@ -368,7 +368,8 @@ async fn shape_rounds(
     // a costly plan); in a short round those first uses alone would be the
     // p99.
     for round in 0..=rounds {
-        for ((t, d), [rate, p50, p99]) in targets.iter().zip(data).zip(&mut acc) {
+        for i in turn_order(round, targets.len()) {
+            let (t, d, [rate, p50, p99]) = (&targets[i], &data[i], &mut acc[i]);
             let (s, lat) = shape_round(t, d, shape, load, round, epoch, latency_log).await;
             if round > 0 {
                 rate.push(s.rate, s.cpu_us, s.generator_cores, s.faults);

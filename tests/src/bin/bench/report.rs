@@ -167,3 +167,42 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i]
 }
+
+/// The order in which `targets` targets run in round `round`: forwards in
+/// even rounds, backwards in odd ones (A B, B A, A B ...). Whatever one
+/// target leaves behind when its turn ends (its WAL checkpoint, the
+/// kernel's writeback of its files) falls on the next target's
+/// measurement; alternating puts it on each target in turn, not always
+/// on the second.
+pub fn turn_order(round: usize, targets: usize) -> impl Iterator<Item = usize> {
+    let backwards = round % 2 == 1;
+    (0..targets).map(move |i| if backwards { targets - 1 - i } else { i })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn turns_alternate_so_each_target_follows_the_other_as_often() {
+        let order = |round| turn_order(round, 2).collect::<Vec<_>>();
+        assert_eq!(order(0), [0, 1]);
+        assert_eq!(order(1), [1, 0]);
+        assert_eq!(order(2), [0, 1]);
+        let three = |round| turn_order(round, 3).collect::<Vec<_>>();
+        assert_eq!(three(0), [0, 1, 2]);
+        assert_eq!(three(1), [2, 1, 0]);
+        assert_eq!(turn_order(5, 0).count(), 0);
+    }
+
+    #[test]
+    fn every_target_runs_once_a_round() {
+        for targets in 1..6 {
+            for round in 0..4 {
+                let mut seen: Vec<usize> = turn_order(round, targets).collect();
+                seen.sort_unstable();
+                assert_eq!(seen, (0..targets).collect::<Vec<_>>());
+            }
+        }
+    }
+}
