@@ -123,6 +123,9 @@ async fn preload(url: &str, n: usize, channels_owner: &Keys) -> Preloaded {
     (authors, channels, kind7)
 }
 
+/// Authors in the follows shape's list: a home feed's follow list.
+const FOLLOWS: usize = 100;
+
 /// A filter shape of the query figures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Shape {
@@ -132,11 +135,14 @@ enum Shape {
     H,
     TimeRange,
     Search,
+    /// A home feed: kind 1 of a follow list's 100 authors.
+    Follows,
 }
 
 impl Shape {
-    const ALL: [Shape; 6] = [
+    const ALL: [Shape; 7] = [
         Shape::Author,
+        Shape::Follows,
         Shape::Kind,
         Shape::P,
         Shape::H,
@@ -152,6 +158,7 @@ impl Shape {
             Shape::H => "#h",
             Shape::TimeRange => "time range",
             Shape::Search => "search",
+            Shape::Follows => "follows",
         }
     }
 
@@ -162,6 +169,10 @@ impl Shape {
             Shape::Kind => json!({"kinds": [7], "limit": 50}),
             Shape::P => json!({"#p": [pks.choose(rng).unwrap()], "limit": 50}),
             Shape::H => json!({"#h": [channels.choose(rng).unwrap()], "limit": 50}),
+            Shape::Follows => {
+                let follows: Vec<&String> = pks.choose_multiple(rng, FOLLOWS).collect();
+                json!({"authors": follows, "kinds": [1], "limit": 50})
+            }
             Shape::Search => {
                 let w = rng.random_range(0..VOCABULARY);
                 json!({"search": format!("w{w}"), "limit": 50})
@@ -348,8 +359,9 @@ pub async fn query(
     sync_figure(&targets[0], &data[0].2, rounds).await;
 }
 
-/// Rounds of one shape under one load, every target in turn each round
-/// (A B A B: the machine's drift over the figure falls on all alike):
+/// Rounds of one shape under one load, every target in turn each round,
+/// the order alternating (A B, B A: the machine's drift over the figure,
+/// and what one target's round leaves to the next, fall on all alike):
 /// per target, REQ/s (with the relay's CPU per REQ), p50 and p99, each
 /// the median over rounds.
 async fn shape_rounds(
