@@ -191,12 +191,10 @@ impl Collector {
     }
 }
 
-/// Orders a run by its tie column (every row has one: `offer` checked).
+/// Orders a run by its tie column (every row has one: `offer` checked;
+/// were one missing, it would sort first rather than break the order).
 fn sort_run(run: &mut [Row], ties: Ties) {
-    let order = |a: &Row, b: &Row| match (a.bytes_ref(ties.then), b.bytes_ref(ties.then)) {
-        (Some(x), Some(y)) => x.cmp(y),
-        _ => Ordering::Equal,
-    };
+    let order = |a: &Row, b: &Row| a.bytes_ref(ties.then).cmp(&b.bytes_ref(ties.then));
     if run.len() > 1 {
         run.sort_by(order);
     }
