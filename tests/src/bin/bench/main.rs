@@ -853,8 +853,7 @@ async fn fairness(relay: &Relay, quick: bool) {
     );
 }
 
-/// The measured relay's extra environment (`--relay-env`).
-/// The relay's environment: `--relay-env`, and, unless it sets the log
+/// The measured relay's environment: `--relay-env`, and, unless it sets the log
 /// filter, the log at the level a user runs the relay (`info`, its
 /// default) where the test harness would add the relay's debug lines;
 /// those only with `--relay-log`, which reads them.
