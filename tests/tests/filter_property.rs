@@ -1,7 +1,8 @@
 //! Property: for random events and random filters, the relay's SQL (each
 //! backend) returns exactly what in-memory NIP-01 matching (the `nostr`
 //! crate's `Filter::match_event`) selects, in NIP-01 order (newest first,
-//! ties by lowest id), with `limit` applied; and COUNT agrees.
+//! ties by lowest id), with `limit` applied; and COUNT agrees. Most events
+//! fall within 20 seconds, a quarter minutes to years before them.
 
 use nostr::prelude::{Event, Filter, Keys, MatchEventOptions};
 use rand::rngs::StdRng;
@@ -10,7 +11,10 @@ use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 use tests::{backend_tests, event_at, Backend, Client, Relay, RelayOptions};
 
-backend_tests!(sql_matches_in_memory_filtering);
+backend_tests!(
+    sql_matches_in_memory_filtering,
+    a_follow_list_reaches_back_past_its_windows
+);
 
 const EVENTS: usize = 120;
 const FILTERS: usize = 150;
@@ -35,8 +39,14 @@ fn random_events(rng: &mut StdRng, authors: &[Keys], base: u64) -> Vec<Event> {
         if !out.is_empty() && rng.random_bool(0.3) {
             tags.push(vec!["e".into(), out.choose(rng).unwrap().id.to_hex()]);
         }
-        // Few distinct timestamps, so that ties (and their order) are exercised.
-        let created = base + rng.random_range(0..20);
+        // Few distinct timestamps, so that ties (and their order) are
+        // exercised; and one event in four minutes to years older, so that
+        // a follow list's read by time window (SQLite) widens across them.
+        let created = if rng.random_bool(0.25) {
+            base - 10u64.pow(rng.random_range(2..9)) + rng.random_range(0..3)
+        } else {
+            base + rng.random_range(0..20)
+        };
         let tag_refs: Vec<Vec<&str>> = tags
             .iter()
             .map(|t| t.iter().map(String::as_str).collect())
@@ -65,7 +75,7 @@ fn random_filter(rng: &mut StdRng, events: &[Event], authors: &[Keys], base: u64
         f.insert("ids".into(), json!(ids));
     }
     if rng.random_bool(0.4) {
-        let n = pick(rng, 2);
+        let n = pick(rng, 3);
         f.insert(
             "authors".into(),
             json!((0..n)
@@ -107,9 +117,22 @@ fn random_filter(rng: &mut StdRng, events: &[Event], authors: &[Keys], base: u64
         f.insert("#e".into(), json!([events.choose(rng).unwrap().id.to_hex()]));
     }
     if rng.random_bool(0.5) {
-        f.insert("limit".into(), json!(rng.random_range(0..15)));
+        // Mostly below the matches of the 20 seconds, sometimes past them.
+        let most = if rng.random_bool(0.7) { 15 } else { 60 };
+        f.insert("limit".into(), json!(rng.random_range(0..most)));
     }
     Value::Object(f)
+}
+
+/// A relay that takes the tests' events as fast as they are sent.
+fn unthrottled(backend: &Backend) -> Relay {
+    Relay::start_opts(
+        backend,
+        RelayOptions {
+            config_toml: "[limits]\nevents_per_second = 100000\nevents_burst = 100000\n".into(),
+            ..Default::default()
+        },
+    )
 }
 
 async fn sql_matches_in_memory_filtering(backend: Backend) {
@@ -118,13 +141,7 @@ async fn sql_matches_in_memory_filtering(backend: Backend) {
         .and_then(|s| s.parse().ok())
         .unwrap_or(20261130);
     let mut rng = StdRng::seed_from_u64(seed);
-    let relay = Relay::start_opts(
-        &backend,
-        RelayOptions {
-            config_toml: "[limits]\nevents_per_second = 100000\nevents_burst = 100000\n".into(),
-            ..Default::default()
-        },
-    );
+    let relay = unthrottled(&backend);
     let mut c = Client::connect(&relay.ws_url()).await;
     let authors: Vec<Keys> = (0..4).map(|_| Keys::generate()).collect();
     let base = tests::now() - 1000;
@@ -155,4 +172,56 @@ async fn sql_matches_in_memory_filtering(backend: Backend) {
         let count = c.count(&format!("c{n}"), vec![count_filter]).await.unwrap();
         assert_eq!(count as usize, all, "seed {seed}, COUNT of filter {n}: {fv}");
     }
+}
+
+/// A follow list's REQ (on SQLite read window by window back from the
+/// page's start, each window wider) returns its authors' newest events
+/// wherever they fall in time, past windows that hold some of them but
+/// not enough, and past another author's events in every window.
+async fn a_follow_list_reaches_back_past_its_windows(backend: Backend) {
+    let relay = unthrottled(&backend);
+    let mut c = Client::connect(&relay.ws_url()).await;
+    let (a, b, other) = (Keys::generate(), Keys::generate(), Keys::generate());
+    let now = tests::now();
+    // Seconds back: two inside the first window (60 s), then one or two
+    // past each next window's floor, the last years back.
+    let ages = [5u64, 30, 400, 3_000, 20_000, 200_000, 2_000_000, 100_000_000];
+    let mut listed = Vec::new();
+    for (i, age) in ages.iter().enumerate() {
+        let author = if i % 2 == 0 { &a } else { &b };
+        let e = event_at(author, 1, &format!("listed {i}"), &[], now - age);
+        c.publish_ok(&e).await;
+        listed.push(e.id.to_hex());
+    }
+    for age in [1u64, 10, 100, 1_000, 10_000, 100_000] {
+        c.publish_ok(&event_at(&other, 1, &format!("other {age}"), &[], now - age))
+            .await;
+    }
+    let follows = json!([a.public_key().to_hex(), b.public_key().to_hex()]);
+    let ids = |events: Vec<Event>| events.iter().map(|e| e.id.to_hex()).collect::<Vec<_>>();
+    for limit in [1usize, 2, 3, 5, 8, 50] {
+        let got = c
+            .req(
+                &format!("l{limit}"),
+                vec![json!({"authors": follows, "kinds": [1], "limit": limit})],
+            )
+            .await
+            .events();
+        assert_eq!(ids(got), listed[..limit.min(ages.len())], "limit {limit}");
+        c.send(json!(["CLOSE", format!("l{limit}")])).await;
+    }
+    // Back from `until`, down to `since`.
+    let got = c
+        .req(
+            "u",
+            vec![json!({"authors": follows, "until": now - 1_000, "limit": 3})],
+        )
+        .await
+        .events();
+    assert_eq!(ids(got), listed[3..6]);
+    let got = c
+        .req("s", vec![json!({"authors": follows, "since": now - 500_000})])
+        .await
+        .events();
+    assert_eq!(ids(got), listed[..6]);
 }

@@ -358,6 +358,33 @@ impl Store {
                 end: true,
             });
         }
+        if !sql::by_author_window(self.dialect(), filter) {
+            return self.read_page(community, filter, page, scope).await;
+        }
+        // A follow list: window by window until one holds the page, then
+        // the plain read (see `events::query::Windows`).
+        let mut windows = sql::Windows::new(filter, page.position.after, scope.now);
+        let mut windowed = filter.clone();
+        while let Some(floor) = windows.floor() {
+            windowed.since = Some(floor);
+            let rows = self.read_page(community, &windowed, page, scope).await?;
+            if !rows.end || rows.events.len() >= page.rows {
+                // Events older than the floor may follow this page.
+                return Ok(PageRows { end: false, ..rows });
+            }
+            windows.widen(rows.events.len(), page.rows);
+        }
+        self.read_page(community, filter, page, scope).await
+    }
+
+    /// A page of `filter`'s events read by one statement.
+    async fn read_page(
+        &self,
+        community: &str,
+        filter: &Filter,
+        page: &Page,
+        scope: &ReadScope,
+    ) -> Result<PageRows, StoreError> {
         let select = sql::select_events(
             self.dialect(),
             community,
