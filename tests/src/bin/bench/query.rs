@@ -126,6 +126,18 @@ async fn preload(url: &str, n: usize, channels_owner: &Keys) -> Preloaded {
 /// Authors in the follows shape's list: a home feed's follow list.
 const FOLLOWS: usize = 100;
 
+/// Keys of authors with no event in the preloaded store (a follow list's
+/// authors who post elsewhere), made once: a key is a curve point, so
+/// random bytes would not do.
+fn elsewhere() -> &'static [String] {
+    static KEYS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    KEYS.get_or_init(|| {
+        (0..1000)
+            .map(|_| Keys::generate().public_key().to_hex())
+            .collect()
+    })
+}
+
 /// A filter shape of the query figures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Shape {
@@ -137,12 +149,17 @@ enum Shape {
     Search,
     /// A home feed: kind 1 of a follow list's 100 authors.
     Follows,
+    /// The same where 10 of the 100 post to this relay and 90 elsewhere
+    /// (keys with no event here): most of a feed's authors, on one relay
+    /// of several.
+    FollowsElsewhere,
 }
 
 impl Shape {
-    const ALL: [Shape; 7] = [
+    const ALL: [Shape; 8] = [
         Shape::Author,
         Shape::Follows,
+        Shape::FollowsElsewhere,
         Shape::Kind,
         Shape::P,
         Shape::H,
@@ -159,6 +176,7 @@ impl Shape {
             Shape::TimeRange => "time range",
             Shape::Search => "search",
             Shape::Follows => "follows",
+            Shape::FollowsElsewhere => "follows, 90 elsewhere",
         }
     }
 
@@ -171,6 +189,12 @@ impl Shape {
             Shape::H => json!({"#h": [channels.choose(rng).unwrap()], "limit": 50}),
             Shape::Follows => {
                 let follows: Vec<&String> = pks.choose_multiple(rng, FOLLOWS).collect();
+                json!({"authors": follows, "kinds": [1], "limit": 50})
+            }
+            Shape::FollowsElsewhere => {
+                let here = pks.choose_multiple(rng, FOLLOWS / 10);
+                let elsewhere = elsewhere().choose_multiple(rng, FOLLOWS - FOLLOWS / 10);
+                let follows: Vec<&String> = here.chain(elsewhere).collect();
                 json!({"authors": follows, "kinds": [1], "limit": 50})
             }
             Shape::Search => {
