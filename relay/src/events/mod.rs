@@ -10,6 +10,7 @@ use nostr::prelude::{Event, PublicKey};
 pub mod notices;
 pub mod query;
 pub mod rules;
+pub mod windows;
 
 /// What happened to an event offered for storage.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -19,6 +19,7 @@ use crate::admin::communities::CommunityRecord;
 use crate::channels::state::ChannelView;
 use crate::config::{ChannelPolicy, DeliveryConfig, WriterConfig};
 use crate::events::query as sql;
+use crate::events::windows;
 use crate::events::InsertOutcome;
 use crate::events::Page;
 use crate::events::PageRows;
@@ -362,8 +363,8 @@ impl Store {
             return self.read_page(community, filter, page, scope).await;
         }
         // A follow list: window by window until one holds the page, then
-        // the plain read (see `events::query::Windows`).
-        let mut windows = sql::Windows::new(filter, page.position.after, scope.now);
+        // the plain read (see `events::windows`).
+        let mut windows = windows::Windows::new(filter, page.position.after, scope.now);
         let mut windowed = filter.clone();
         while let Some(floor) = windows.floor() {
             windowed.since = Some(floor);
