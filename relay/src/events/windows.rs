@@ -63,7 +63,7 @@ impl Windows {
     /// After a window that held `found` of the `wanted` rows.
     pub fn widen(&mut self, found: usize, wanted: usize) {
         debug_assert!(found < wanted, "a window that holds the page is the last");
-        let needed = (2 * wanted).div_ceil(found.max(1));
+        let needed = wanted.saturating_mul(2).div_ceil(found.max(1));
         let growth = u64::try_from(needed)
             .unwrap_or(u64::MAX)
             .clamp(Self::MIN_GROWTH, Self::MAX_GROWTH);
@@ -116,5 +116,10 @@ mod tests {
         assert_eq!(floors(Windows::new(&until, after, now), 0)[0], 399_940);
         assert!(floors(Windows::new(&f, None, 30), 0).is_empty());
         assert_eq!(floors(Windows::new(&f, None, u64::from(u32::MAX)), 49).len(), 17);
+        // A page of any size (the configured `max_limit` bounds it) widens
+        // by the most, never overflowing.
+        let mut w = Windows::new(&f, None, now);
+        w.widen(1, usize::MAX);
+        assert_eq!(w.floor().map(|t| t.as_secs()), Some(1_000_000 - 60 * 64));
     }
 }
