@@ -18,6 +18,7 @@ use tests::{backend_tests, event, event_at, now, Backend, Client, Relay, RelayOp
 backend_tests!(
     search_is_ranked_and_obeys_the_read_rules,
     search_finds_each_event_of_a_batch,
+    search_finds_each_channel_message_of_a_call_batch,
     gift_wraps_reach_only_their_recipient,
     relay_lists_are_stored_and_listed,
     negentropy_reconciles_without_downloading,
@@ -182,6 +183,66 @@ async fn search_finds_each_event_of_a_batch(backend: Backend) {
         .into_iter()
         .collect();
     assert_eq!(got, ids(&sent).into_iter().collect::<HashSet<_>>());
+}
+
+/// Channel messages are stored by the call writer, many calls to one
+/// transaction, whose words reach the search index at its commit (on
+/// SQLite, `events::rules::index_words`): each message of a batch is
+/// found by its own word, and all of them by the word they share.
+async fn search_finds_each_channel_message_of_a_call_batch(backend: Backend) {
+    let relay = Relay::start(&backend);
+    let fx = tests::workflow::Fixture::new(&relay, "searched", 0).await;
+    // Several connections at once: one connection's channel messages are
+    // stored one after another.
+    let mut clients = Vec::new();
+    for _ in 0..8 {
+        let mut c = Client::connect(&relay.ws_url()).await;
+        c.auth(&fx.owner).await;
+        clients.push(c);
+    }
+    let mut sent = Vec::new();
+    for round in 0..4 {
+        let batches: Vec<Vec<Event>> = (0..clients.len())
+            .map(|k| {
+                (0..16)
+                    .map(|i| {
+                        let n = (round * clients.len() + k) * 16 + i;
+                        let text = format!("channelled {} words", letters(n));
+                        event(&fx.owner, 9, &text, &[&["h", "searched"]])
+                    })
+                    .collect()
+            })
+            .collect();
+        let publishes = clients.iter_mut().zip(&batches).map(|(c, b)| c.publish_all_ok(b));
+        futures_util::future::join_all(publishes).await;
+        sent.extend(batches.into_iter().flatten());
+        if call_batch_held_two(&relay) {
+            break;
+        }
+    }
+    assert!(call_batch_held_two(&relay), "no call batch held two calls");
+    let c = &mut clients[0];
+    for e in sent.iter().step_by(7) {
+        let word = e.content.split(' ').nth(1).expect("a word of its own");
+        let got = c.req("own", vec![f(Filter::new().search(word))]).await.events();
+        assert_eq!(ids(&got), one(e), "{word}");
+    }
+    let all = Filter::new().search("channelled").limit(sent.len());
+    let got: HashSet<String> = ids(&c.req("all", vec![f(all)]).await.events())
+        .into_iter()
+        .collect();
+    assert_eq!(got, ids(&sent).into_iter().collect::<HashSet<_>>());
+}
+
+/// Whether the relay's log shows a call batch of two calls or more (its
+/// debug line `call batch`, `calls=N`).
+fn call_batch_held_two(relay: &Relay) -> bool {
+    relay.log().lines().filter(|l| l.contains("call batch")).any(|l| {
+        l.split_whitespace()
+            .find_map(|w| w.strip_prefix("calls="))
+            .and_then(|n| n.parse::<usize>().ok())
+            .is_some_and(|n| n >= 2)
+    })
 }
 
 /// A word of letters only for `n` (`zq` and base 26): one token for both

@@ -423,26 +423,52 @@ impl<'a> TagRow<'a> {
 }
 
 /// SQLite: the stored events' words into the full-text index
-/// (`event_search`, NIP-50), each by its `events.seq`. Every statement
-/// that inserts into `events` on SQLite is followed by this one (a trigger
-/// would give those statements a statement journal: migration 0023); the
-/// index's delete trigger removes the words with the event. PostgreSQL
-/// indexes the stored JSON's content itself (an expression index).
+/// (`event_search`, NIP-50), each by its `events.seq`, at the commit of
+/// the transaction that stores them. Every statement that inserts into
+/// `events` on SQLite is followed by this one (a trigger would give those
+/// statements a statement journal: migration 0023); the index's delete
+/// trigger removes the words with the event. PostgreSQL indexes the
+/// stored JSON's content itself (an expression index).
+///
+/// The words wait in a temporary table of the writer's connection until
+/// [`WORDS_AT_COMMIT`] moves them in one statement: FTS5 writes the words
+/// it holds as a new index segment whenever a later statement of the
+/// transaction opens a statement journal or savepoint, so a call batch
+/// that indexed each call's reply at once wrote a segment a call (6.4 % of
+/// the call writer's CPU, docs/performance.md). A savepoint rolled back
+/// takes its words with it; an event deleted later in the transaction
+/// leaves none (the move takes only the events still stored); a seq freed
+/// and given again within it keeps the last event's words.
 pub(crate) async fn index_words(tx: &mut Tx<'_>, rows: &[(i64, &str)]) -> Result<(), StoreError> {
     let d = tx.dialect();
-    if d != Dialect::Sqlite {
+    if d != Dialect::Sqlite || rows.is_empty() {
         return Ok(());
     }
+    tx.exec(Q::new(
+        "CREATE TEMP TABLE IF NOT EXISTS pending_words (seq INTEGER PRIMARY KEY, content TEXT NOT NULL)",
+    ))
+    .await?;
     for chunk in pieces(rows, MAX_WORD_ROWS) {
-        let mut q = Q::new("INSERT INTO event_search (rowid, content) VALUES ");
+        let mut q = Q::new("INSERT OR REPLACE INTO temp.pending_words (seq, content) VALUES ");
         for (k, (seq, content)) in chunk.iter().enumerate() {
             d.push_values_row(&mut q.sql, k, 2);
             q = q.bind(*seq).bind(*content);
         }
         tx.exec(q).await?;
     }
+    tx.before_commit(WORDS_AT_COMMIT);
     Ok(())
 }
+
+/// Moves the words [`index_words`] kept into the full-text index, for the
+/// events still stored, in one statement; then empties the table. Written
+/// as `EXISTS`, not a join: SQLite planned the join as a scan of `events`
+/// probing the kept words (`EXPLAIN QUERY PLAN`), where this reads the
+/// kept words and looks each event up by its seq.
+const WORDS_AT_COMMIT: &str = "INSERT INTO event_search (rowid, content) \
+     SELECT p.seq, p.content FROM temp.pending_words AS p \
+     WHERE EXISTS (SELECT 1 FROM events AS e WHERE e.seq = p.seq); \
+     DELETE FROM temp.pending_words;";
 
 /// Events in one statement of [`index_words`] (2 binds a row).
 const MAX_WORD_ROWS: usize = 256;

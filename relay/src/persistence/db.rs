@@ -435,6 +435,15 @@ impl Tx<'_> {
         }
     }
 
+    /// SQLite's write transaction: runs `sql` once just before the commit
+    /// (`persistence::lite::WriteTx::before_commit`). Other transactions
+    /// have nothing to defer.
+    pub fn before_commit(&mut self, sql: &'static str) {
+        if let Tx::SqliteWrite(tx) = self {
+            tx.before_commit(sql);
+        }
+    }
+
     pub async fn commit(self) -> Result<(), StoreError> {
         match self {
             Tx::Sqlite(tx) => tx.commit().await?,

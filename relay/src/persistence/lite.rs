@@ -247,12 +247,30 @@ impl Guard<'_> {
 pub struct WriteTx<'c> {
     guard: Guard<'c>,
     open: bool,
+    /// Statements to run, once each, just before `COMMIT`
+    /// ([`WriteTx::before_commit`]); bounded by the distinct ones a
+    /// transaction registers.
+    before_commit: Vec<&'static str>,
 }
 
 impl WriteTx<'_> {
     fn begin(guard: Guard<'_>) -> Result<WriteTx<'_>, StoreError> {
         guard.conn().execute_batch("BEGIN IMMEDIATE").map_err(error)?;
-        Ok(WriteTx { guard, open: true })
+        Ok(WriteTx {
+            guard,
+            open: true,
+            before_commit: Vec::new(),
+        })
+    }
+
+    /// Runs `sql` (statements without parameters) once, just before this
+    /// transaction commits, however often it is registered. A caller
+    /// whose savepoint is later rolled back leaves it registered: what it
+    /// runs must then find nothing to do.
+    pub fn before_commit(&mut self, sql: &'static str) {
+        if !self.before_commit.contains(&sql) {
+            self.before_commit.push(sql);
+        }
     }
 
     pub fn exec(&mut self, q: &Q) -> Result<u64, StoreError> {
@@ -272,6 +290,11 @@ impl WriteTx<'_> {
 
     pub fn commit(mut self) -> Result<(), StoreError> {
         let conn = self.guard.conn();
+        for sql in &self.before_commit {
+            // An error leaves the transaction open: dropping `self` rolls
+            // it back.
+            conn.execute_batch(sql).map_err(error)?;
+        }
         match conn.execute_batch("COMMIT") {
             Ok(()) => {
                 self.open = false;
