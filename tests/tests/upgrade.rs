@@ -269,23 +269,28 @@ async fn runs_written_before_reruns_survive_the_migration(backend: Backend) {
     assert_eq!(origin["rerun_by"], json!(rerun));
 }
 
-/// PostgreSQL's latest migration's revert.
-const DROP_CONVERSATIONS: &str = "DROP INDEX deliveries_conversation;\n\
-     ALTER TABLE workflow_agent_deliveries DROP COLUMN conversation;\n";
+/// PostgreSQL's latest migration's revert (0022 keyed the NIP-98 records
+/// by their expiry).
+const AUTH_SEEN_BY_KEY_PG: &str = "ALTER TABLE http_auth_seen DROP CONSTRAINT http_auth_seen_pkey;\n\
+     ALTER TABLE http_auth_seen ADD PRIMARY KEY (community_id, event_id);\n\
+     CREATE INDEX http_auth_seen_by_expiry ON http_auth_seen (expires_at);\n";
 
-/// SQLite's latest migration's revert (0025 took the event id out of the
-/// tag index).
-const WIDE_TAG_INDEX: &str = "DROP INDEX event_tags_by_value;\n\
-     CREATE INDEX event_tags_by_value ON event_tags \
-     (community_id, name, value, event_created_at DESC, event_id);\n";
+/// SQLite's latest migration's revert (0026 keyed the NIP-98 records by
+/// their expiry, without a rowid).
+const AUTH_SEEN_BY_KEY: &str = "CREATE TABLE http_auth_seen_old (community_id TEXT NOT NULL, \
+     event_id BLOB NOT NULL, expires_at INTEGER NOT NULL, PRIMARY KEY (community_id, event_id));\n\
+     INSERT INTO http_auth_seen_old SELECT community_id, event_id, expires_at FROM http_auth_seen;\n\
+     DROP TABLE http_auth_seen;\n\
+     ALTER TABLE http_auth_seen_old RENAME TO http_auth_seen;\n\
+     CREATE INDEX http_auth_seen_by_expiry ON http_auth_seen (expires_at);\n";
 
 /// The latest migration of each backend, run backwards, and its version.
 /// A new migration must come with its own here (the test checks the
 /// version is the store's latest).
 fn back_before_latest(backend: &Backend) -> (String, u32) {
     let (down, version) = match backend {
-        Backend::Sqlite => (WIDE_TAG_INDEX, 25),
-        Backend::Postgres(_) => (DROP_CONVERSATIONS, 21),
+        Backend::Sqlite => (AUTH_SEEN_BY_KEY, 26),
+        Backend::Postgres(_) => (AUTH_SEEN_BY_KEY_PG, 22),
     };
     let sql = format!("{down}DELETE FROM _sqlx_migrations WHERE version = {version};");
     match backend {
