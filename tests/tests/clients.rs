@@ -173,16 +173,7 @@ async fn search_finds_each_event_of_a_batch(backend: Backend) {
         }
     }
     assert!(batches_held_two(&relay).await, "no write batch held two events");
-    for e in sent.iter().step_by(5) {
-        let word = e.content.split(' ').nth(1).expect("a word of its own");
-        let got = c.req("own", vec![f(Filter::new().search(word))]).await.events();
-        assert_eq!(ids(&got), one(e), "{word}");
-    }
-    let all = Filter::new().search("pipelined").limit(sent.len());
-    let got: HashSet<String> = ids(&c.req("all", vec![f(all)]).await.events())
-        .into_iter()
-        .collect();
-    assert_eq!(got, ids(&sent).into_iter().collect::<HashSet<_>>());
+    assert_each_found_by_its_word(&mut c, &sent, 5, "pipelined").await;
 }
 
 /// Channel messages are stored by the call writer, many calls to one
@@ -221,17 +212,23 @@ async fn search_finds_each_channel_message_of_a_call_batch(backend: Backend) {
         }
     }
     assert!(call_batch_held_two(&relay), "no call batch held two calls");
-    let c = &mut clients[0];
-    for e in sent.iter().step_by(7) {
+    assert_each_found_by_its_word(&mut clients[0], &sent, 7, "channelled").await;
+}
+
+/// Every `step`-th event of `sent` (content `<shared> <own> words`) is
+/// found by a search for its own word and by nothing else, and all of
+/// `sent` by a search for the `shared` word.
+async fn assert_each_found_by_its_word(c: &mut Client, sent: &[Event], step: usize, shared: &str) {
+    for e in sent.iter().step_by(step) {
         let word = e.content.split(' ').nth(1).expect("a word of its own");
         let got = c.req("own", vec![f(Filter::new().search(word))]).await.events();
         assert_eq!(ids(&got), one(e), "{word}");
     }
-    let all = Filter::new().search("channelled").limit(sent.len());
+    let all = Filter::new().search(shared).limit(sent.len());
     let got: HashSet<String> = ids(&c.req("all", vec![f(all)]).await.events())
         .into_iter()
         .collect();
-    assert_eq!(got, ids(&sent).into_iter().collect::<HashSet<_>>());
+    assert_eq!(got, ids(sent).into_iter().collect::<HashSet<_>>());
 }
 
 /// Whether the relay's log shows a call batch of two calls or more (its
