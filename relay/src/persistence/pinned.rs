@@ -21,6 +21,21 @@ use std::sync::Mutex;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
+/// One plan per statement: the writers' connections and the query pools'
+/// (`persistence::postgres::open`).
+pub(crate) const GENERIC_PLANS: &str = "force_generic_plan";
+
+/// A writer's connection: the main pool's, with one plan per statement
+/// (`plan_cache_mode = force_generic_plan`, as the query pools). A
+/// writer's statements are the same few texts run thousands of times, and
+/// PostgreSQL's own choice planned some again at every run: a batch's
+/// claims (`delivery::claim::together`, one text for any number of
+/// claims) at each of 2,054 runs, 0.7 ms a plan, with no gain in their
+/// execution (docs/performance.md, "Delivery on PostgreSQL").
+fn writer_options(main: &PgConnectOptions) -> PgConnectOptions {
+    main.clone().options([("plan_cache_mode", GENERIC_PLANS)])
+}
+
 /// The main pool's settings for a pool of `size` connections.
 type Settings = Box<dyn Fn(u32) -> PgPoolOptions + Send + Sync>;
 
@@ -63,8 +78,7 @@ impl Pinned {
         }
         // Read under the lock that `moved` takes: a move either happened
         // before (these are the new options) or updates this pool too.
-        let options = (*main.connect_options()).clone();
-        let pool = (self.settings)(1).connect_lazy_with(options);
+        let pool = (self.settings)(1).connect_lazy_with(writer_options(&main.connect_options()));
         made.push(pool.clone());
         pool
     }
@@ -74,7 +88,7 @@ impl Pinned {
     pub(crate) fn moved(&self, options: &PgConnectOptions) {
         let made = self.made.lock().unwrap_or_else(|e| e.into_inner());
         for pool in made.iter() {
-            pool.set_connect_options(options.clone());
+            pool.set_connect_options(writer_options(options));
         }
     }
 

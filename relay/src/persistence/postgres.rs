@@ -19,15 +19,13 @@ use tokio::sync::mpsc;
 use crate::config::PostgresConfig;
 use crate::persistence::db::{Tx, Q};
 use crate::persistence::hosts::redacted;
-use crate::persistence::pinned::Pinned;
+use crate::persistence::pinned::{Pinned, GENERIC_PLANS};
 use crate::persistence::primary;
 use crate::persistence::standbys::Standbys;
 use crate::persistence::OpenMode;
 use crate::persistence::RemoteEvent;
 use crate::persistence::StoreError;
 
-/// The query pools' plans: one per statement (see [`open`]).
-const GENERIC_PLANS: &str = "force_generic_plan";
 /// Prepared statements kept per connection (see [`open`]).
 const STATEMENT_CACHE: usize = 400;
 

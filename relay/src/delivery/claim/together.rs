@@ -10,7 +10,8 @@ use nostr::prelude::PublicKey;
 use super::{claim_sql, delivery, lease_of, ClaimBinds, Grant, Reach, Turn, CLAIM_RULE, COLS};
 use crate::config::DeliveryConfig;
 use crate::faults;
-use crate::persistence::db::{Tx, Q};
+use crate::persistence::db::{Dialect, Tx, Q};
+use crate::persistence::sql::Bind;
 use crate::persistence::StoreError;
 use protocol::api::{ClaimRequest, Expected, MENTION_STEP};
 
@@ -72,6 +73,100 @@ impl<'a> Together<'a> {
             .bind(g.waited_since)
     }
 }
+
+/// The claims of a statement column by column, each bound as one array
+/// on PostgreSQL ([`UNNESTED`]): one statement text for any number of
+/// claims, where a `VALUES` list was a statement of its own (parsed and
+/// planned again on every connection) for every length.
+#[derive(Default)]
+struct Columns {
+    community: Vec<String>,
+    id: Vec<String>,
+    token: Vec<String>,
+    lease_end: Vec<i64>,
+    records: Vec<i64>,
+    now: Vec<i64>,
+    caller: Vec<Vec<u8>>,
+    run: Vec<String>,
+    step: Vec<String>,
+    channel: Vec<String>,
+    definition: Vec<Vec<u8>>,
+    message: Vec<Vec<u8>>,
+    cap: Vec<i64>,
+    waited: Vec<i64>,
+}
+
+impl Columns {
+    /// Appends one claim's values, as [`Together::bind`] binds them.
+    fn push(&mut self, row: Together<'_>) {
+        let g = row.grant;
+        self.community.push(row.claim.community.to_string());
+        self.id.push(row.id.to_string());
+        self.token.push(g.token);
+        self.lease_end.push(g.claim_expires_at);
+        self.records.push(i64::from(g.records_operations));
+        self.now.push(g.now);
+        self.caller.push(row.claim.caller.to_bytes().to_vec());
+        self.run.push(row.expected.run_id.clone());
+        self.step.push(row.expected.step_id.clone());
+        self.channel.push(row.expected.channel.clone());
+        self.definition.push(row.definition);
+        self.message.push(row.message);
+        self.cap.push(g.agent_cap.unwrap_or(0));
+        self.waited.push(g.waited_since);
+    }
+
+    /// The arrays, in [`TOGETHER_COLUMNS`]' order (and [`ARRAY_TYPES`]').
+    fn bind(self, q: Q) -> Q {
+        q.bind(Bind::TextArray(self.community))
+            .bind(Bind::TextArray(self.id))
+            .bind(Bind::TextArray(self.token))
+            .bind(Bind::IntArray(self.lease_end))
+            .bind(Bind::IntArray(self.records))
+            .bind(Bind::IntArray(self.now))
+            .bind(Bind::BlobArray(self.caller))
+            .bind(Bind::TextArray(self.run))
+            .bind(Bind::TextArray(self.step))
+            .bind(Bind::TextArray(self.channel))
+            .bind(Bind::BlobArray(self.definition))
+            .bind(Bind::BlobArray(self.message))
+            .bind(Bind::IntArray(self.cap))
+            .bind(Bind::IntArray(self.waited))
+    }
+}
+
+/// The PostgreSQL type of each array [`Columns::bind`] binds.
+const ARRAY_TYPES: [&str; 14] = [
+    "text", "text", "text", "bigint", "bigint", "bigint", "bytea", "text", "text", "text", "bytea", "bytea",
+    "bigint", "bigint",
+];
+
+/// [`claim_together`]'s statement on PostgreSQL: `claims` from the
+/// arrays of [`Columns::bind`] (`c_records` bound as 0 or 1). The
+/// writers' connections keep one plan per statement
+/// (`persistence::pinned`): with PostgreSQL's own choice this text was
+/// planned at every run.
+static UNNESTED: LazyLock<String> = LazyLock::new(|| {
+    let arrays: Vec<String> = ARRAY_TYPES
+        .iter()
+        .enumerate()
+        .map(|(i, ty)| format!("${}::{ty}[]", i + 1))
+        .collect();
+    let picked: Vec<String> = TOGETHER_COLUMNS
+        .iter()
+        .map(|c| match *c {
+            "c_records" => "u.c_records <> 0".to_string(),
+            c => format!("u.{c}"),
+        })
+        .collect();
+    format!(
+        "WITH claims ({}) AS (SELECT {} FROM unnest({}) AS u ({})",
+        TOGETHER_COLUMNS.join(", "),
+        picked.join(", "),
+        arrays.join(", "),
+        TOGETHER_COLUMNS.join(", "),
+    ) + TOGETHER.as_str()
+});
 
 /// The columns of [`claim_together`]'s `claims`, in [`Together::bind`]'s
 /// order.
@@ -142,16 +237,25 @@ pub async fn claim_together(
         return Ok(claimed);
     }
     faults::check("claim:error")?;
-    let d = tx.dialect();
-    let mut q = Q::new(format!(
-        "WITH claims ({}) AS (VALUES ",
-        TOGETHER_COLUMNS.join(", ")
-    ));
-    for (k, row) in rows.into_iter().enumerate() {
-        d.push_values_row(&mut q.sql, k, TOGETHER_COLUMNS.len());
-        q = row.bind(q);
-    }
-    q.sql.push_str(&TOGETHER);
+    let q = match tx.dialect() {
+        Dialect::Postgres => {
+            let mut columns = Columns::default();
+            rows.into_iter().for_each(|row| columns.push(row));
+            columns.bind(Q::new(UNNESTED.as_str()))
+        }
+        d @ Dialect::Sqlite => {
+            let mut q = Q::new(format!(
+                "WITH claims ({}) AS (VALUES ",
+                TOGETHER_COLUMNS.join(", ")
+            ));
+            for (k, row) in rows.into_iter().enumerate() {
+                d.push_values_row(&mut q.sql, k, TOGETHER_COLUMNS.len());
+                q = row.bind(q);
+            }
+            q.sql.push_str(&TOGETHER);
+            q
+        }
+    };
     for row in tx.all(q).await? {
         let turn = Turn::alone(delivery(&row)?);
         // Each claim is of another caller, and a row is only its target's.
