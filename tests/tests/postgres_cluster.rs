@@ -230,7 +230,8 @@ async fn claims_read_their_row_by_key_whatever_the_statistics() {
     let store = Store::new(&backend);
     // No sweep after the one at startup, so that only the claim reads the
     // table: the sweep for expired rows can still walk `deliveries_due`
-    // with statistics like these (docs/performance.md, seventh pass).
+    // with statistics like these (docs/performance.md, "Plans that
+    // depend on a quiet moment's statistics").
     let relay = Relay::start_with(
         store.clone(),
         RelayOptions {
